@@ -1,0 +1,265 @@
+"""Kernel developer's GPU driver for the sm80/sm89 families: build, test, measure in one call.
+
+1. build: compiles csrc/<family>/ (+ csrc/common/) with torch.utils.cpp_extension in child
+   processes and copies each extension next to the package as
+   ``sageattention/_kernels_<family><EXT_SUFFIX>`` (release wheels are built by setup.py instead);
+2. tests: runs tests/gpu/test_native_sm80_sm89.py;
+3. accuracy: cosine / relative L1 against fp32 SDPA and against sageattention.reference;
+4. timing: the design.md case set (quantization included, median of triton do_bench) for each
+   kernel and SDPA's default backend, printed as a table and written as JSON.
+
+    python benchmarks/gpu_dev_native.py --family sm80 --family sm89 --out /tmp/out
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Import the checkout's package (or a tuning variant's copy of it, see --variant).
+PACKAGE_ROOT = os.environ.get("SAGE_DEV_PACKAGE_ROOT", str(ROOT))
+if PACKAGE_ROOT not in sys.path:
+    sys.path.insert(0, PACKAGE_ROOT)
+
+
+def _child_build(family: str, build_dir: str, std: str, defines: str = "") -> None:
+    from torch.utils.cpp_extension import load
+
+    src = ROOT / "csrc" / family
+    sources = sorted(glob.glob(str(src / "*.cu"))) + sorted(glob.glob(str(src / "*.cpp")))
+    includes = [str(ROOT / "csrc")]
+    import torch
+
+    cu13 = Path(torch.__file__).parents[1] / "nvidia" / "cu13" / "include"
+    if cu13.is_dir():
+        includes.append(str(cu13))
+    load(
+        name=f"_kernels_{family}",
+        sources=sources,
+        extra_include_paths=includes,
+        extra_cflags=["-O3", f"-std={std}"],
+        extra_cuda_cflags=["-O3", f"-std={std}", "-Xptxas=-v", *defines.split()],
+        build_directory=build_dir,
+        verbose=False,
+        is_python_module=False,
+    )
+
+
+def build(family: str, arch: str, std: str, build_root: Path, variant: str = "",
+          defines: str = "") -> Path:
+    """Build one family for the arch list (TORCH_CUDA_ARCH_LIST syntax); return the copied .so.
+
+    A tuning variant (extra -D defines) is copied into a private copy of the package under
+    build_root/pkg_<variant> instead of the checkout.
+    """
+    build_dir = build_root / (f"{family}_{variant}" if variant else family)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST=arch, MAX_JOBS=os.environ.get("MAX_JOBS", "16"))
+    code = (
+        "import sys; sys.path.insert(0, %r); import gpu_dev_native as b; b._child_build(%r, %r, %r, %r)"
+        % (str(Path(__file__).parent), family, str(build_dir), std, defines)
+    )
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    log = build_root / f"build_{family}{'_' + variant if variant else ''}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"build of {family} failed (log: {log}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+    so = build_dir / f"_kernels_{family}.so"
+    pkg = ROOT / "sageattention"
+    if variant:
+        copy_root = build_root / f"pkg_{variant}"
+        shutil.rmtree(copy_root, ignore_errors=True)
+        shutil.copytree(pkg, copy_root / "sageattention",
+                        ignore=shutil.ignore_patterns("_kernels_*", "__pycache__"))
+        pkg = copy_root / "sageattention"
+    dest = pkg / f"_kernels_{family}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    shutil.copy2(so, dest)
+    print(f"built {family}{' ' + variant if variant else ''} for {arch} in {time.time() - t0:.0f}s -> {dest}")
+    return dest
+
+
+CASES = [  # (batch, heads, tokens, head_dim): design.md's benchmark case set
+    (4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64), (1, 32, 16384, 64),
+    (8, 32, 1024, 128),
+]
+KERNELS = {  # label -> (family, op, pv_accum_dtype)
+    "sm80-fp32": ("sm80", "qk_int8_pv_fp16", "fp32"),
+    "sm80-fp16+fp32": ("sm80", "qk_int8_pv_fp16", "fp16+fp32"),
+    "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
+}
+
+
+def _kernel_fn(label, q, k, v, causal):
+    import sageattention.native as native
+
+    fam, op, accum = KERNELS[label]
+    fn = getattr(native, op)
+    return lambda: fn(q, k, v, family=fam, tensor_layout="HND", is_causal=causal,
+                      sm_scale=q.shape[-1] ** -0.5, qk_quant_gran="per_thread",
+                      pv_accum_dtype=accum, smooth_k=True, smooth_v=False, return_lse=False)
+
+
+def accuracy(labels) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from sageattention import reference
+
+    rows = []
+    for n, d, causal in [(4096, 128, False), (4096, 128, True), (4096, 64, False), (1000, 64, True)]:
+        g = torch.Generator(device="cuda").manual_seed(n + d)
+        q, k, v = (torch.randn(1, 8, n, d, generator=g, device="cuda").half() for _ in range(3))
+        k = (k.float() + torch.randn(1, 8, 1, d, device="cuda", generator=g)).half()
+        exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        for label in labels:
+            fam, _, accum = KERNELS[label]
+            out, _ = _kernel_fn(label, q, k, v, causal)()
+            r = reference.sageattn_reference(
+                q, k, v, is_causal=causal, qk_quant_gran="per_thread", smooth_k=True,
+                pv_dtype="fp16" if fam == "sm80" else "fp8", pv_accum_dtype=accum,
+                **reference.FAMILY_BLOCK_SIZES[fam])
+            row = {"kernel": label, "n": n, "d": d, "causal": causal,
+                   "finite": bool(torch.isfinite(out).all())}
+            for name, ref in (("sdpa32", exact), ("reference", r)):
+                o, e = out.float().flatten(), ref.float().flatten()
+                row[f"cos_{name}"] = F.cosine_similarity(o, e, dim=0).item()
+                row[f"rel_l1_{name}"] = ((o - e).abs().sum() / e.abs().sum()).item()
+            rows.append(row)
+    return rows
+
+
+def timing(labels, dtypes) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    rows = []
+    for dtype in dtypes:
+        for b, h, n, d in CASES:
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=dtype)
+                           for _ in range(3))
+                flops = 4 * b * h * n * n * d / (2 if causal else 1)
+                fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+                for label in labels:
+                    fns[label] = _kernel_fn(label, q, k, v, causal)
+                row = {"dtype": str(dtype).replace("torch.", ""), "b": b, "h": h, "n": n, "d": d,
+                       "causal": causal}
+                for name, fn in fns.items():
+                    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                    row[f"{name}_ms"] = ms
+                    row[f"{name}_tops"] = flops / ms / 1e9
+                rows.append(row)
+                del q, k, v
+    return rows
+
+
+def _print_timing(rows, labels) -> None:
+    import math
+
+    head = f"{'dtype':5} {'b*h':6} {'n':>6} {'d':>4} {'causal':6} {'sdpa':>6}" + "".join(
+        f" {lab:>15}" for lab in labels)
+    print(head)
+    speedups = {lab: [] for lab in labels}
+    for r in rows:
+        line = (f"{r['dtype'][:5]:5} {r['b']}x{r['h']:<4} {r['n']:>6} {r['d']:>4} "
+                f"{str(r['causal']):6} {r['sdpa_tops']:6.0f}")
+        for lab in labels:
+            line += f" {r[lab + '_tops']:9.0f} TOPS"
+            speedups[lab].append(r["sdpa_ms"] / r[lab + "_ms"])
+        print(line)
+    for lab in labels:
+        gm = math.exp(sum(math.log(x) for x in speedups[lab]) / len(speedups[lab]))
+        print(f"geomean speed-up over SDPA, {lab}: {gm:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", action="append", choices=["sm80", "sm89"], required=True,
+                        help="family to build and measure (repeatable)")
+    parser.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST value (default 9.0)")
+    parser.add_argument("--std", default="c++17", help="C++ standard (torch 2.14 needs c++20)")
+    parser.add_argument("--build-root", default=str(ROOT / "build" / "native_dev"))
+    parser.add_argument("--out", default=str(ROOT / "build" / "native_dev_out"),
+                        help="folder for logs and the JSON results")
+    parser.add_argument("--skip-build", action="store_true")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--dtypes", default="float16,bfloat16", help="timing dtypes")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=DEFINES",
+                        help="also build the sm80 family with these -D defines (tile shapes, see "
+                             "csrc/common/attn_dispatch.cuh), check it against the reference and "
+                             "time it (fp16 cases); repeatable")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"families": args.family}
+    variants = dict(v.split("=", 1) for v in args.variant)
+    if not args.skip_build:
+        jobs = [(f, "", "") for f in args.family] + [("sm80", n, d) for n, d in variants.items()]
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            futures = {pool.submit(build, f, args.arch, args.std, Path(args.build_root), n, d): (f, n)
+                       for f, n, d in jobs}
+            for fut, (fam, name) in futures.items():
+                try:
+                    fut.result()
+                except RuntimeError as exc:
+                    print(exc)
+                    results.setdefault("build_errors", {})[f"{fam} {name}"] = str(exc)[-3000:]
+    import sageattention.native as native
+
+    status = native.available_families()
+    print("families:", status)
+    fams = [f for f in args.family if status.get(f) is None]
+    if not args.skip_tests:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q",
+                               str(ROOT / "tests" / "gpu" / "test_native_sm80_sm89.py"),
+                               "-p", "no:cacheprovider", "--tb=short"],
+                              capture_output=True, text=True, cwd=ROOT)
+        (out / "pytest.log").write_text(proc.stdout + proc.stderr)
+        tail = (proc.stdout + proc.stderr).strip().splitlines()
+        print("\n".join(l for l in tail if l.startswith(("FAILED", "ERROR")))[:6000])
+        print("pytest:", tail[-1] if tail else "(no output)")
+        results["pytest_rc"] = proc.returncode
+    labels = [lab for lab, spec in KERNELS.items() if spec[0] in fams]
+    if labels:
+        results["accuracy"] = accuracy(labels)
+        for r in results["accuracy"]:
+            print({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+        (out / "native_dev.json").write_text(json.dumps(results, indent=1))
+        if not args.skip_timing:
+            import torch
+
+            results["device"] = torch.cuda.get_device_name()
+            results["timing"] = timing(labels, [getattr(torch, x) for x in args.dtypes.split(",")])
+            (out / "native_dev.json").write_text(json.dumps(results, indent=1))
+            _print_timing(results["timing"], labels)
+    for name, defines in variants.items():
+        if f"sm80 {name}" in results.get("build_errors", {}):
+            continue
+        vout = out / f"variant_{name}"
+        env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
+        proc = subprocess.run([sys.executable, __file__, "--family", "sm80", "--skip-build",
+                               "--skip-tests", "--dtypes", "float16", "--out", str(vout)],
+                              env=env, capture_output=True, text=True)
+        print(f"== variant {name}: {defines}")
+        print("\n".join(l for l in proc.stdout.splitlines() if "cos_reference" in l or "TOPS" in l
+                        or "geomean" in l)[-3000:] or proc.stderr[-2000:])
+        results.setdefault("variants", {})[name] = {"defines": defines, "rc": proc.returncode}
+    (out / "native_dev.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,525 @@
+// The SageAttention 2 forward kernel template shared by the sm80 family (INT8 QK^T, FP16 PV) and
+// the sm89 family (INT8 QK^T, FP8 e4m3 PV). CUDA headers only.
+//
+// A CTA owns CTA_Q = NWARPS * MT * 16 query rows of one (batch, head); each warp owns MT m16 tiles.
+// K/V blocks of 64 tokens are double-buffered in shared memory with cp.async. Per block:
+//   S = Q_i8 K_i8^T (mma m16n8k32 s8, int32)  -> dequantize with the Q scale (which carries
+//   sm_scale * log2 e) and K scale -> mask (sequence end, causal) -> online softmax in base 2
+//   -> P (fp16, or e4m3 scaled by 448) -> O += P V (mma m16n8k16 f16 / m16n8k32 e4m3).
+// Fragment layouts (PTX ISA, mma.m16n8k*): lane = 4 g + t; accumulator c0,c1 = row g, columns
+// 2t, 2t+1; c2,c3 = row g + 8. For m16n8k16 f16 the A fragment of P is built straight from the S
+// accumulators of two n8 tiles. For m16n8k32 e4m3 each A register holds 4 consecutive k; we feed
+// the columns {2t, 2t+1, 8+2t, 9+2t} of two n8 tiles and store V^T with the same token order
+// (perm16 in quant_kernels.cuh), so the sum over k is unchanged.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attn_params.h"
+#include "ptx.cuh"
+
+// CTAs per SM the register allocation must allow, per head dim (tuning knobs; 1 = no cap).
+#ifndef SAGE_MIN_CTAS_HD64
+#define SAGE_MIN_CTAS_HD64 1
+#endif
+#ifndef SAGE_MIN_CTAS_HD128
+#define SAGE_MIN_CTAS_HD128 1
+#endif
+#ifndef SAGE_FAST_I2F
+#define SAGE_FAST_I2F 1
+#endif
+
+namespace sage {
+
+enum class PvKind { kFp16, kFp8 };
+
+constexpr int kBlkK = 64;
+constexpr float kLn2 = 0.69314718055994530942f;
+constexpr float kFp8PScale = 448.f;
+
+template <int HEAD_DIM, int MT, int NWARPS, PvKind PV>
+struct AttnTraits {
+  static constexpr int kCtaQ = NWARPS * MT * 16;
+  static constexpr int kThreads = NWARPS * 32;
+  // Rows padded by 16 bytes: 8 rows read by one ldmatrix land in 8 different bank groups.
+  static constexpr int kQKStride = HEAD_DIM + 16;  // int8 Q/K rows
+  static constexpr int kVRows = PV == PvKind::kFp16 ? kBlkK : HEAD_DIM;
+  static constexpr int kVStride = PV == PvKind::kFp16 ? HEAD_DIM * 2 + 16 : kBlkK + 16;
+  static constexpr int kQBytes = kCtaQ * kQKStride;
+  static constexpr int kKBytes = kBlkK * kQKStride;
+  static constexpr int kVBytes = kVRows * kVStride;
+  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes;
+  static constexpr int kDTiles = HEAD_DIM / 8;  // n8 tiles of the output
+};
+
+template <typename OutT>
+__device__ __forceinline__ uint32_t pack_out2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack_out2<__half>(float a, float b) {
+  return pack_half2(a, b);
+}
+template <>
+__device__ __forceinline__ uint32_t pack_out2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// S (int32) -> float without I2F, a quarter-rate instruction on sm_80..sm_90: |S| <= 127*127*D
+// < 2^22, so 0x4B400000 + S is the bit pattern of the float 1.5*2^23 + S, exactly.
+__device__ __forceinline__ float s32_to_f32(int32_t x) {
+#if SAGE_FAST_I2F
+  return __int_as_float(x + 0x4B400000) - 12582912.f;
+#else
+  return static_cast<float>(x);
+#endif
+}
+
+// QREG: keep the warp's Q fragments in registers for the whole K loop (else reload them from
+// shared memory every K block, trading shared-memory bandwidth for registers).
+template <int HEAD_DIM, int MT, int NWARPS, bool QREG, PvKind PV, PvAccum ACC, typename OutT>
+__global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD64 : SAGE_MIN_CTAS_HD128)
+    attn_kernel(const AttnParams p) {
+  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV>;
+  constexpr int kCtaQ = Tr::kCtaQ;
+  constexpr int kThreads = Tr::kThreads;
+  constexpr int kDT = Tr::kDTiles;
+  // Inner (per K block) accumulators for two-level modes.
+  constexpr bool kInnerF16 = ACC == PvAccum::kF16F32 || ACC == PvAccum::kF32F16;
+  constexpr bool kInnerF32 = ACC == PvAccum::kF32F32;
+  constexpr bool kAllF16 = ACC == PvAccum::kF16;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sQ = smem;
+  uint8_t* sK = sQ + Tr::kQBytes;
+  uint8_t* sV = sK + 2 * Tr::kKBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y;
+  // Causal: the heaviest query blocks start first.
+  const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q0 = qblk * kCtaQ;
+  const int hkv = h / (p.q_heads / p.kv_heads);
+  const int64_t bh = static_cast<int64_t>(b) * p.q_heads + h;
+  const int64_t bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
+
+  int n_kblocks = (p.kv_len + kBlkK - 1) / kBlkK;
+  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + kBlkK - 1) / kBlkK);
+
+  const int8_t* gQ = p.q + (bh * p.q_pad + q0) * HEAD_DIM;
+  const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
+
+  // ---- async loads ----
+  auto load_k = [&](int kb, int buf) {
+    uint8_t* dst = sK + buf * Tr::kKBytes;
+    const int8_t* src = gK + static_cast<int64_t>(kb) * kBlkK * HEAD_DIM;
+    constexpr int kChunks = kBlkK * HEAD_DIM / 16;
+    #pragma unroll
+    for (int c = tid; c < kChunks; c += kThreads) {
+      const int r = c / (HEAD_DIM / 16), col = (c % (HEAD_DIM / 16)) * 16;
+      cp_async_16(dst + r * Tr::kQKStride + col, src + r * HEAD_DIM + col, true);
+    }
+  };
+  auto load_v = [&](int kb, int buf) {
+    uint8_t* dst = sV + buf * Tr::kVBytes;
+    if constexpr (PV == PvKind::kFp16) {
+      const __half* base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
+      constexpr int kChunks = kBlkK * HEAD_DIM / 8;
+      #pragma unroll
+      for (int c = tid; c < kChunks; c += kThreads) {
+        const int r = c / (HEAD_DIM / 8), col = (c % (HEAD_DIM / 8)) * 8;
+        const int tok = kb * kBlkK + r;
+        const bool ok = tok < p.kv_len;  // zero-fill past the end: P is 0 there, V must not be NaN
+        const __half* src = ok ? base + tok * p.v_sn + col : base;
+        cp_async_16(dst + r * Tr::kVStride + col * 2, src, ok);
+      }
+    } else {
+      const uint8_t* base = reinterpret_cast<const uint8_t*>(p.v) + bhkv * HEAD_DIM * p.k_pad +
+                            static_cast<int64_t>(kb) * kBlkK;
+      constexpr int kChunks = HEAD_DIM * kBlkK / 16;
+      #pragma unroll
+      for (int c = tid; c < kChunks; c += kThreads) {
+        const int r = c / (kBlkK / 16), col = (c % (kBlkK / 16)) * 16;
+        cp_async_16(dst + r * Tr::kVStride + col, base + static_cast<int64_t>(r) * p.k_pad + col,
+                    true);
+      }
+    }
+  };
+
+  {
+    constexpr int kChunks = kCtaQ * HEAD_DIM / 16;
+    #pragma unroll
+    for (int c = tid; c < kChunks; c += kThreads) {
+      const int r = c / (HEAD_DIM / 16), col = (c % (HEAD_DIM / 16)) * 16;
+      cp_async_16(sQ + r * Tr::kQKStride + col, gQ + r * HEAD_DIM + col, true);
+    }
+  }
+  load_k(0, 0);
+  load_v(0, 0);
+  cp_async_commit();
+
+  // ---- per-thread state ----
+  const int warp_row0 = warp * MT * 16;  // inside the CTA
+  float qs[MT];
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int row0 = q0 + warp_row0 + mt * 16;  // 16-aligned; its 32-token group is row0 / 32
+    int idx;
+    if (p.gran == QuantGran::kPerThread) idx = (row0 / 32) * 8 + g;
+    else if (p.gran == QuantGran::kPerWarp) idx = row0 / 32;
+    else idx = row0 / 128;
+    qs[mt] = p.q_scale[bh * p.q_groups + idx];
+  }
+
+  float m_run[MT][2], l_run[MT][2];
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) { m_run[mt][r] = -INFINITY; l_run[mt][r] = 0.f; }
+
+  float o32[kAllF16 ? 1 : MT][kAllF16 ? 1 : kDT][4];
+  uint32_t o16[kAllF16 ? MT : 1][kAllF16 ? kDT : 1][2];
+  if constexpr (!kAllF16) {
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      #pragma unroll
+      for (int j = 0; j < kDT; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) o32[mt][j][e] = 0.f;
+  } else {
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      #pragma unroll
+      for (int j = 0; j < kDT; ++j) o16[mt][j][0] = o16[mt][j][1] = 0u;
+  }
+
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Q fragment (m16n8k32 A, row-major): matrices = rows 0-7/8-15 x bytes 0-15/16-31.
+  auto load_qf = [&](uint32_t (&frag)[4], int mt, int kc) {
+    const int r = warp_row0 + mt * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+    const int col = kc * 32 + 16 * (lane >> 4);
+    ldmatrix_x4(frag, sQ + r * Tr::kQKStride + col);
+  };
+  uint32_t qf[QREG ? MT : 1][QREG ? HEAD_DIM / 32 : 1][4];
+  if constexpr (QREG) {
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      #pragma unroll
+      for (int kc = 0; kc < HEAD_DIM / 32; ++kc) load_qf(qf[mt][kc], mt, kc);
+  }
+
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    if (kb > 0) {
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    if (kb + 1 < n_kblocks) {
+      load_k(kb + 1, (kb + 1) & 1);
+      load_v(kb + 1, (kb + 1) & 1);
+      cp_async_commit();
+    }
+    const uint8_t* cK = sK + (kb & 1) * Tr::kKBytes;
+    const uint8_t* cV = sV + (kb & 1) * Tr::kVBytes;
+
+    // ---- S = Q K^T (int32) ----
+    int32_t s_i[MT][8][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      #pragma unroll
+      for (int j = 0; j < 8; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) s_i[mt][j][e] = 0;
+    #pragma unroll
+    for (int kc = 0; kc < HEAD_DIM / 32; ++kc) {
+      uint32_t qtmp[QREG ? 1 : MT][4];
+      if constexpr (!QREG) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) load_qf(qtmp[mt], mt, kc);
+      }
+      #pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bk[4];
+        const int mi = lane >> 3;
+        const int r = np * 16 + (mi >> 1) * 8 + (lane & 7);
+        const int col = kc * 32 + (mi & 1) * 16;
+        ldmatrix_x4(bk, cK + r * Tr::kQKStride + col);
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const uint32_t (&a)[4] = QREG ? qf[QREG ? mt : 0][QREG ? kc : 0] : qtmp[QREG ? 0 : mt];
+          mma_m16n8k32_s8(s_i[mt][2 * np], a, bk[0], bk[1]);
+          mma_m16n8k32_s8(s_i[mt][2 * np + 1], a, bk[2], bk[3]);
+        }
+      }
+    }
+
+    // ---- dequantize, mask, online softmax (base 2) ----
+    const float ks = p.k_scale[bhkv * p.k_groups +
+                               (p.gran == QuantGran::kPerThread ? kb * 4 + t : kb)];
+    const int k0 = kb * kBlkK;
+    const bool need_mask =
+        (k0 + kBlkK > p.kv_len) || (p.causal && k0 + kBlkK - 1 > q0 + warp_row0);
+    // s holds the raw integer scores as floats; the dequantization factor dq > 0 is applied to
+    // the row max and inside the exp2 FFMA: p = exp2(s * dq - m).
+    float s[MT][8][4];
+    float dqs[MT];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      dqs[mt] = qs[mt] * ks;
+      #pragma unroll
+      for (int j = 0; j < 8; ++j)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s32_to_f32(s_i[mt][j][e]);
+          if (need_mask) {
+            const int col = k0 + j * 8 + 2 * t + (e & 1);
+            const int row = q0 + warp_row0 + mt * 16 + g + 8 * (e >> 1);
+            if (col >= p.kv_len || (p.causal && col > row)) v = -INFINITY;
+          }
+          s[mt][j][e] = v;
+        }
+    }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+        mx *= dqs[mt];  // scaled per thread first: per_thread scales differ across the quad
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[mt][r], mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
+        const float alpha = fast_exp2(m_run[mt][r] - m_use);
+        m_run[mt][r] = m_new;
+        float rowsum = 0.f;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j)
+          #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt], -m_use));
+            s[mt][j][2 * r + e] = pv;
+            rowsum += pv;
+          }
+        l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
+        // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
+        if (__all_sync(0xffffffffu, alpha == 1.f)) continue;
+        if constexpr (!kAllF16) {
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j) {
+            o32[mt][j][2 * r] *= alpha;
+            o32[mt][j][2 * r + 1] *= alpha;
+          }
+        } else {
+          const __half2 a2 = __float2half2_rn(alpha);
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j) {
+            __half2 v = *reinterpret_cast<__half2*>(&o16[mt][j][r]);
+            v = __hmul2(v, a2);
+            o16[mt][j][r] = *reinterpret_cast<uint32_t*>(&v);
+          }
+        }
+      }
+
+    // ---- O += P V ----
+    if constexpr (PV == PvKind::kFp16) {
+      uint32_t inner[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
+      if constexpr (kInnerF16) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j) inner[mt][j][0] = inner[mt][j][1] = 0u;
+      }
+      #pragma unroll
+      for (int kc = 0; kc < kBlkK / 16; ++kc) {
+        uint32_t pa[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+          pa[mt][1] = pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+          pa[mt][2] = pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+          pa[mt][3] = pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        }
+        #pragma unroll
+        for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
+          uint32_t bv[4];
+          const int mi = lane >> 3;
+          const int r = kc * 16 + (mi & 1) * 8 + (lane & 7);
+          const int col = (dp * 16 + (mi >> 1) * 8) * 2;
+          ldmatrix_x4_trans(bv, cV + r * Tr::kVStride + col);
+          #pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (kInnerF16) {
+              mma_m16n8k16_f16_f16(inner[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k16_f16_f16(inner[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            } else if constexpr (kAllF16) {
+              mma_m16n8k16_f16_f16(o16[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k16_f16_f16(o16[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            } else {
+              mma_m16n8k16_f16_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k16_f16_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            }
+          }
+        }
+      }
+      if constexpr (kInnerF16) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j)
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float2 f = __half22float2(*reinterpret_cast<__half2*>(&inner[mt][j][r]));
+              o32[mt][j][2 * r] += f.x;
+              o32[mt][j][2 * r + 1] += f.y;
+            }
+      }
+    } else {
+      float innerf[kInnerF32 ? MT : 1][kInnerF32 ? kDT : 1][4];
+      uint32_t innerh[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
+      if constexpr (kInnerF32) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) innerf[mt][j][e] = 0.f;
+      }
+      if constexpr (kInnerF16) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          #pragma unroll
+          for (int j = 0; j < kDT; ++j) innerh[mt][j][0] = innerh[mt][j][1] = 0u;
+      }
+      #pragma unroll
+      for (int kc = 0; kc < kBlkK / 32; ++kc) {
+        uint32_t pa[MT][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          #pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // a[r]: k 4t..4t+3 = columns 2t,2t+1 of tiles 4kc, 4kc+1; a[r+2]: tiles 4kc+2, 4kc+3.
+            #pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int j = 4 * kc + 2 * half;
+              const uint32_t lo = f32x2_to_e4m3x2(s[mt][j][2 * r] * kFp8PScale,
+                                                  s[mt][j][2 * r + 1] * kFp8PScale);
+              const uint32_t hi = f32x2_to_e4m3x2(s[mt][j + 1][2 * r] * kFp8PScale,
+                                                  s[mt][j + 1][2 * r + 1] * kFp8PScale);
+              pa[mt][r + 2 * half] = lo | (hi << 16);
+            }
+          }
+        }
+        #pragma unroll
+        for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
+          uint32_t bv[4];
+          const int mi = lane >> 3;
+          const int r = dp * 16 + (mi >> 1) * 8 + (lane & 7);
+          const int col = kc * 32 + (mi & 1) * 16;
+          ldmatrix_x4(bv, cV + r * Tr::kVStride + col);
+          #pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (kInnerF32) {
+              mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            } else if constexpr (kInnerF16) {
+              mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            } else {
+              mma_m16n8k32_e4m3_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k32_e4m3_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            }
+          }
+        }
+      }
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int j = 0; j < kDT; ++j) {
+          if constexpr (kInnerF32) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) o32[mt][j][e] += innerf[mt][j][e];
+          }
+          if constexpr (kInnerF16) {
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float2 f = __half22float2(*reinterpret_cast<__half2*>(&innerh[mt][j][r]));
+              o32[mt][j][2 * r] += f.x;
+              o32[mt][j][2 * r + 1] += f.y;
+            }
+          }
+        }
+    }
+  }
+
+  // ---- epilogue: O / l, LSE ----
+  OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = l_run[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = q0 + warp_row0 + mt * 16 + g + 8 * r;
+      if (row >= p.q_len) continue;
+      float inv = 1.f / l;
+      if constexpr (PV == PvKind::kFp8) inv *= 1.f / kFp8PScale;
+      OutT* orow = out + row * p.o_sn;
+      #pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        const int d = j * 8 + 2 * t;
+        float a, c;
+        if constexpr (kAllF16) {
+          const float2 f = __half22float2(*reinterpret_cast<__half2*>(&o16[mt][j][r]));
+          a = f.x * inv;
+          c = f.y * inv;
+        } else {
+          a = o32[mt][j][2 * r] * inv;
+          c = o32[mt][j][2 * r + 1] * inv;
+        }
+        if constexpr (PV == PvKind::kFp8) {
+          const float* vs = p.v_scale + bhkv * HEAD_DIM;
+          a *= vs[d];
+          c *= vs[d + 1];
+          if (p.v_mean) {
+            const float* vm = p.v_mean + bhkv * HEAD_DIM;
+            a += vm[d];
+            c += vm[d + 1];
+          }
+        }
+        *reinterpret_cast<uint32_t*>(orow + d) = pack_out2<OutT>(a, c);
+      }
+      if (p.lse && t == 0) {
+        const float m = m_run[mt][r] == -INFINITY ? 0.f : m_run[mt][r];
+        p.lse[bh * p.q_len + row] = (log2f(l) + m) * kLn2;
+      }
+    }
+}
+
+// Host side: pick the instantiation and launch on `stream`. Returns the launch error.
+template <int HEAD_DIM, int MT, int NWARPS, bool QREG, PvKind PV, PvAccum ACC, typename OutT>
+cudaError_t launch_attn(const AttnParams& p, cudaStream_t stream) {
+  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV>;
+  auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, PV, ACC, OutT>;
+  // Raise the dynamic shared-memory limit once per device (not per call: keeps graph capture
+  // free of non-stream API calls after the first use).
+  static bool configured[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !configured[dev]) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Tr::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) configured[dev] = true;
+  }
+  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sage

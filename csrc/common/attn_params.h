@@ -1,0 +1,57 @@
+// Plain parameter structs passed from the torch bindings to the CUDA launchers. No torch and no
+// CUDA types here, so both sides of the build split can include it.
+#pragma once
+#include <cstdint>
+
+namespace sage {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// qk_quant_gran: which tokens share a scale (docs/architecture.md, "Granularity").
+enum class QuantGran : int { kPerBlock = 0, kPerWarp = 1, kPerThread = 2 };
+
+// PV accumulation. FP16 PV (sm80 family): kF32 ("fp32"), kF16F32 ("fp16+fp32"), kF16 ("fp16").
+// FP8 PV (sm89 family): kF32 ("fp32"), kF32F32 ("fp32+fp32"), kF32F16 ("fp32+fp16").
+enum class PvAccum : int { kF32 = 0, kF16F32 = 1, kF16 = 2, kF32F32 = 3, kF32F16 = 4 };
+
+struct QuantInt8Params {
+  const void* x;           // fp16/bf16, element strides below, last dim contiguous
+  int64_t x_sb, x_sh, x_sn;
+  const float* mean;       // [B, H, D] fp32 or null (K smoothing)
+  int8_t* out;             // [B, H, padded_tokens, D] contiguous
+  float* scale_out;        // [B, H, scale_groups]
+  int heads, tokens, padded_tokens, head_dim;
+  int block_tokens;        // tokens per CTA (one scale block)
+  int groups_per_block;    // 1, 4 (K per_thread) or 8 (Q per_thread)
+  int scale_groups;        // groups per (batch, head) = padded_tokens / block_tokens * groups_per_block
+  float scale_mult;        // x is multiplied by this before quantizing: sm_scale * log2(e) for Q, 1 for K
+};
+
+struct QuantFp8Params {
+  const void* x;           // V, fp16/bf16
+  int64_t x_sb, x_sh, x_sn;
+  const float* scale;      // [B, H, D]: max(amax / 448, 1e-8)
+  const float* mean;       // [B, H, D] or null (V smoothing)
+  uint8_t* out;            // e4m3 [B, H, D, padded_tokens], permuted inside 16-token groups
+  int heads, tokens, padded_tokens, head_dim;
+};
+
+struct AttnParams {
+  const int8_t* q;         // [B, Hq, q_pad, D] int8
+  const int8_t* k;         // [B, Hkv, k_pad, D] int8
+  const void* v;           // FP16 PV: fp16 V with element strides v_s*; FP8 PV: [B, Hkv, D, k_pad]
+  int64_t v_sb, v_sh, v_sn;
+  const float* q_scale;    // [B, Hq, q_groups]
+  const float* k_scale;    // [B, Hkv, k_groups]
+  const float* v_scale;    // FP8 only: [B, Hkv, D]
+  const float* v_mean;     // FP8 only, may be null: [B, Hkv, D] added back to the output
+  void* out;               // q dtype, element strides o_s*
+  int64_t o_sb, o_sh, o_sn;
+  float* lse;              // [B, Hq, Nq] fp32 or null
+  int batch, q_heads, kv_heads, q_len, kv_len, q_pad, k_pad, head_dim;
+  int q_groups, k_groups;
+  QuantGran gran;
+  bool causal;
+};
+
+}  // namespace sage

@@ -1,0 +1,176 @@
+// Fused quantization kernels shared by the sm80 and sm89 families.
+//   * quant_int8_kernel: Q or K -> INT8, symmetric, one scale per group (per_block, per_warp,
+//     per_thread as in docs/architecture.md), optional mean subtraction (K smoothing) fused in,
+//     Q's scale multiplied by sm_scale*log2(e). Writes a padded HND-contiguous buffer whose rows
+//     past the sequence end are zero.
+//   * quant_v_fp8_kernel: V -> e4m3, transposed to [B, H, D, Npad] with the token order permuted
+//     inside each 16-token group so one ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
+// CUDA headers only.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "attn_params.h"
+
+namespace sage {
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T x);
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// Group of a token inside its block. per_thread follows the mma fragment layout:
+// Q rows g and g+8 of a 16-row tile (token % 8); K columns 2t, 2t+1 of an n8 tile ((token % 8) / 2).
+__device__ __forceinline__ int group_in_block(int token_in_block, int groups_per_block) {
+  if (groups_per_block == 8) return token_in_block & 7;
+  if (groups_per_block == 4) return (token_in_block & 7) >> 1;
+  return 0;
+}
+
+constexpr int kQuantThreads = 128;
+constexpr float kScaleFloor = 1e-8f;
+
+// Grid: (n_blocks, H, B). One CTA quantizes `block_tokens` tokens of one (batch, head).
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Params p) {
+  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n0 = blk * p.block_tokens;
+  const int chunks_per_row = p.head_dim / 8;
+  const int n_chunks = p.block_tokens * chunks_per_row;
+  __shared__ unsigned int s_amax[8];  // bit patterns of non-negative floats: int max == float max
+  if (threadIdx.x < 8) s_amax[threadIdx.x] = 0u;
+  __syncthreads();
+
+  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+  const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.head_dim : nullptr;
+
+  float local[8];
+  for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
+  for (int c = threadIdx.x; c < n_chunks; c += kQuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    if (n0 + tok >= p.tokens) continue;  // never read past the end
+    const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
+    const T* e = reinterpret_cast<const T*>(&raw);
+    float m = 0.f;
+    for (int i = 0; i < 8; ++i) {
+      const float v = (to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f)) * p.scale_mult;
+      m = fmaxf(m, fabsf(v));
+    }
+    const int gi = group_in_block(tok, p.groups_per_block);
+    for (int j = 0; j < 8; ++j)
+      if (j == gi) local[j] = fmaxf(local[j], m);  // constant indices keep `local` in registers
+  }
+  for (int gi = 0; gi < p.groups_per_block; ++gi)
+    if (local[gi] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[gi]));
+  __syncthreads();
+
+  const int64_t scale_base = (static_cast<int64_t>(b) * p.heads + h) * p.scale_groups +
+                             static_cast<int64_t>(blk) * p.groups_per_block;
+  if (threadIdx.x < p.groups_per_block) {
+    const float scale = fmaxf(__uint_as_float(s_amax[threadIdx.x]) / 127.f, kScaleFloor);
+    p.scale_out[scale_base + threadIdx.x] = scale;
+  }
+
+  int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
+  for (int c = threadIdx.x; c < n_chunks; c += kQuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
+    if (n0 + tok < p.tokens) {
+      const int gi = group_in_block(tok, p.groups_per_block);
+      const float scale = fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor);
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
+      const T* e = reinterpret_cast<const T*>(&raw);
+      int8_t q[8];
+      for (int i = 0; i < 8; ++i) {
+        const float v = (to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f)) * p.scale_mult;
+        const float r = fminf(fmaxf(rintf(__fdiv_rn(v, scale)), -127.f), 127.f);
+        q[i] = static_cast<int8_t>(r);
+      }
+      packed = *reinterpret_cast<const uint2*>(q);
+    }
+    *reinterpret_cast<uint2*>(out + tok * p.head_dim + d0) = packed;
+  }
+}
+
+// Stored position q (0..15) in a 16-token group holds token perm16(q): the mma A fragment of P
+// for byte 4t+i is the S accumulator column 2t + (i & 1) + 8 * (i >> 1).
+__host__ __device__ __forceinline__ int perm16(int q) {
+  const int t = q >> 2, i = q & 3;
+  return 2 * t + (i & 1) + 8 * (i >> 1);
+}
+
+constexpr int kVBlock = 64;
+
+// Grid: (n_blocks of 64 tokens, H, B). scale/mean: fp32 [B, H, D] (mean may be null).
+template <typename T>
+__global__ void __launch_bounds__(kQuantThreads) quant_v_fp8_kernel(QuantFp8Params p) {
+  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n0 = blk * kVBlock;
+  const int D = p.head_dim;
+  __shared__ float tile[kVBlock][129];  // +1 float: transposed reads hit different banks
+  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+  const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
+  const float* scale = p.scale + bh * D;
+  const float* mean = p.mean ? p.mean + bh * D : nullptr;
+
+  const int chunks_per_row = D / 8;
+  for (int c = threadIdx.x; c < kVBlock * chunks_per_row; c += kQuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    if (n0 + tok < p.tokens) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
+      const T* e = reinterpret_cast<const T*>(&raw);
+      for (int i = 0; i < 8; ++i)
+        tile[tok][d0 + i] =
+            __fdiv_rn(to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f), scale[d0 + i]);
+    } else {
+      for (int i = 0; i < 8; ++i) tile[tok][d0 + i] = 0.f;
+    }
+  }
+  __syncthreads();
+  // One 32-bit word = 4 stored positions of one channel.
+  uint8_t* out = p.out + bh * D * p.padded_tokens + n0;
+  for (int w = threadIdx.x; w < D * (kVBlock / 4); w += kQuantThreads) {
+    const int d = w / (kVBlock / 4), q0 = (w % (kVBlock / 4)) * 4;
+    const int base = q0 & ~15;
+    uint32_t word = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int tok = base + perm16((q0 + i) & 15);
+      const __nv_fp8_e4m3 f(tile[tok][d]);  // saturating (satfinite) conversion
+      word |= static_cast<uint32_t>(f.__x) << (8 * i);
+    }
+    *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(d) * p.padded_tokens + q0) = word;
+  }
+}
+
+}  // namespace sage
+
+namespace sage {
+
+// Launchers (host). Return the launch error; the caller turns it into an exception.
+inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType dtype,
+                                     cudaStream_t stream) {
+  const dim3 grid(p.padded_tokens / p.block_tokens, p.heads, batch);
+  if (dtype == DType::kFloat16)
+    quant_int8_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(p);
+  else
+    quant_int8_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype,
+                                      cudaStream_t stream) {
+  const dim3 grid(p.padded_tokens / kVBlock, p.heads, batch);
+  if (dtype == DType::kFloat16)
+    quant_v_fp8_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(p);
+  else
+    quant_v_fp8_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sage

@@ -1,0 +1,155 @@
+// Torch-side helpers shared by the families' bindings.cpp (the only torch-dependent sources):
+// argument parsing, tensor checks, quantization wrappers. Never included by .cu files.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+#include "attn_params.h"
+
+namespace sage::glue {
+
+constexpr double kLog2e = 1.4426950408889634;
+
+struct View {  // a 4-D tensor seen as [B, H, N, D] through its layout
+  int64_t B, H, N, D, sb, sh, sn;
+};
+
+inline bool parse_layout(const std::string& layout) {
+  TORCH_CHECK(layout == "HND" || layout == "NHD", "tensor_layout must be 'HND' or 'NHD', got '",
+              layout, "'");
+  return layout == "HND";
+}
+
+inline QuantGran parse_gran(const std::string& gran) {
+  if (gran == "per_warp") return QuantGran::kPerWarp;
+  if (gran == "per_thread") return QuantGran::kPerThread;
+  if (gran == "per_block") return QuantGran::kPerBlock;
+  TORCH_CHECK(false, "qk_quant_gran must be 'per_block', 'per_warp' or 'per_thread', got '", gran,
+              "'");
+  return QuantGran::kPerWarp;
+}
+
+inline View view_of(const at::Tensor& x, bool hnd) {
+  if (hnd) return {x.size(0), x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2)};
+  return {x.size(0), x.size(2), x.size(1), x.size(3), x.stride(0), x.stride(2), x.stride(1)};
+}
+
+inline DType dtype_of(const at::Tensor& x) {
+  return x.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
+}
+
+// The kernels read 16-byte vectors along the head dim: last dim contiguous, other strides a
+// multiple of 8 elements and a 16-byte aligned base. Anything else is copied once.
+inline at::Tensor vector_friendly(const at::Tensor& x) {
+  const bool ok = x.stride(3) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 &&
+                  x.stride(2) % 8 == 0 &&
+                  reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  if (ok) return x;
+  at::Tensor c = x.contiguous();
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
+
+inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool hnd) {
+  for (const auto* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->is_cuda(), "q, k and v must be CUDA tensors");
+    TORCH_CHECK(t->dim() == 4, "q, k and v must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD)");
+    TORCH_CHECK(t->scalar_type() == at::kHalf || t->scalar_type() == at::kBFloat16,
+                "q, k and v must be float16 or bfloat16, got ", t->scalar_type());
+    TORCH_CHECK(t->device() == q.device(), "q, k and v must be on one device");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k and v must have one dtype");
+  }
+  const View Q = view_of(q, hnd), K = view_of(k, hnd), V = view_of(v, hnd);
+  TORCH_CHECK(Q.D == 64 || Q.D == 128, "head dim must be 64 or 128, got ", Q.D);
+  TORCH_CHECK(K.D == Q.D && V.D == Q.D, "q, k and v must share the head dim");
+  TORCH_CHECK(K.B == Q.B && V.B == Q.B, "q, k and v must share the batch size");
+  TORCH_CHECK(K.H == V.H && K.N == V.N, "k and v must have the same heads and tokens");
+  TORCH_CHECK(K.H > 0 && Q.H % K.H == 0, "q heads (", Q.H, ") must be a multiple of kv heads (",
+              K.H, ")");
+  TORCH_CHECK(Q.N > 0 && K.N > 0, "q and k need at least one token");
+}
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+using QuantInt8Launcher = cudaError_t (*)(const QuantInt8Params&, int, DType, cudaStream_t);
+
+// INT8 quantization of Q (is_key=false) or K (is_key=true): returns the padded HND-contiguous
+// int8 tensor [B, H, Npad, D] and fp32 scales [B, H, groups] (docs/architecture.md).
+inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, const at::Tensor& x_in,
+                                                     const c10::optional<at::Tensor>& mean,
+                                                     bool hnd, QuantGran gran, bool is_key,
+                                                     double scale_mult) {
+  TORCH_CHECK(x_in.is_cuda() && x_in.dim() == 4, "x must be a 4-D CUDA tensor");
+  TORCH_CHECK(x_in.scalar_type() == at::kHalf || x_in.scalar_type() == at::kBFloat16,
+              "x must be float16 or bfloat16, got ", x_in.scalar_type());
+  const at::Tensor x = vector_friendly(x_in);
+  const View X = view_of(x, hnd);
+  TORCH_CHECK(X.D % 8 == 0 && X.D <= 256, "head dim must be a multiple of 8 up to 256, got ", X.D);
+  const int block = is_key ? 64 : (gran == QuantGran::kPerBlock ? 128 : 32);
+  const int groups = gran != QuantGran::kPerThread ? 1 : (is_key ? 4 : 8);
+  const int64_t pad = round_up(X.N, is_key ? 64 : 128);
+  at::Tensor mean_c;
+  if (mean.has_value()) {
+    mean_c = mean->to(at::kFloat).contiguous();
+    TORCH_CHECK(mean_c.numel() == X.B * X.H * X.D, "mean must be [B, H, D] fp32");
+  }
+  auto out = at::empty({X.B, X.H, pad, X.D}, x.options().dtype(at::kChar));
+  auto scale = at::empty({X.B, X.H, pad / block * groups}, x.options().dtype(at::kFloat));
+  QuantInt8Params p{};
+  p.x = x.data_ptr();
+  p.x_sb = X.sb; p.x_sh = X.sh; p.x_sn = X.sn;
+  p.mean = mean.has_value() ? mean_c.data_ptr<float>() : nullptr;
+  p.out = out.data_ptr<int8_t>();
+  p.scale_out = scale.data_ptr<float>();
+  p.heads = X.H; p.tokens = X.N; p.padded_tokens = pad; p.head_dim = X.D;
+  p.block_tokens = block; p.groups_per_block = groups;
+  p.scale_groups = pad / block * groups;
+  p.scale_mult = static_cast<float>(scale_mult);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch(p, X.B, dtype_of(x), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "quant_int8 launch failed: ", cudaGetErrorString(err));
+  return {out, scale};
+}
+
+// K mean over tokens in fp32, [B, H, D] contiguous.
+inline at::Tensor token_mean(const at::Tensor& x, bool hnd) {
+  return at::mean(x, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
+}
+
+// LSE correction for K smoothing: lse += (q . km) * sm_scale, with km broadcast over GQA groups.
+inline void add_smoothing_lse(at::Tensor& lse, const at::Tensor& q, const at::Tensor& km, bool hnd,
+                              double sm_scale) {
+  const at::Tensor qh = hnd ? q : q.transpose(1, 2);  // [B, Hq, N, D]
+  const int64_t rep = qh.size(1) / km.size(1);
+  const at::Tensor kmq = rep == 1 ? km : km.repeat_interleave(rep, 1);  // [B, Hq, D]
+  lse.add_(at::matmul(qh.to(at::kFloat), kmq.unsqueeze(-1)).squeeze(-1), sm_scale);
+}
+
+inline void fill_attn_common(AttnParams& p, const at::Tensor& q_i8, const at::Tensor& q_scale,
+                             const at::Tensor& k_i8, const at::Tensor& k_scale, const View& Q,
+                             const View& K, at::Tensor& out, bool hnd, at::Tensor& lse,
+                             bool return_lse, QuantGran gran, bool causal) {
+  const View O = view_of(out, hnd);
+  p.q = q_i8.data_ptr<int8_t>();
+  p.k = k_i8.data_ptr<int8_t>();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.out = out.data_ptr();
+  p.o_sb = O.sb; p.o_sh = O.sh; p.o_sn = O.sn;
+  p.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  p.batch = Q.B; p.q_heads = Q.H; p.kv_heads = K.H;
+  p.q_len = Q.N; p.kv_len = K.N;
+  p.q_pad = q_i8.size(2); p.k_pad = k_i8.size(2);
+  p.head_dim = Q.D;
+  p.q_groups = q_scale.size(2); p.k_groups = k_scale.size(2);
+  p.gran = gran;
+  p.causal = causal;
+}
+
+}  // namespace sage::glue

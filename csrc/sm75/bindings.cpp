@@ -1,0 +1,139 @@
+// Torch binding of the sm75 kernel family: the op schema (defined once here),
+// input checks, scratch allocation, and the launch on the current stream under
+// a device guard. Python wrapper and fake implementation: sageattention/native/sm75.py.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+#include "launchers.h"
+
+namespace sageattention_sm75 {
+namespace {
+
+// Sizes and strides of a 4-D tensor seen in the HND order [B, H, N, D].
+struct Hnd {
+  int64_t b, h, n, d;
+  int64_t sb, sh, sn;
+};
+
+Hnd as_hnd(const at::Tensor& t, bool nhd) {
+  if (nhd) return {t.size(0), t.size(2), t.size(1), t.size(3), t.stride(0), t.stride(2), t.stride(1)};
+  return {t.size(0), t.size(1), t.size(2), t.size(3), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+TensorRef ref(const at::Tensor& t, const Hnd& s) {
+  return TensorRef{const_cast<void*>(t.data_ptr()), s.sb, s.sh, s.sn};
+}
+
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.is_cuda(), "sageattention_sm75: ", name, " must be a CUDA tensor, got device ",
+              t.device());
+  TORCH_CHECK(t.device() == q.device(), "sageattention_sm75: q, k and v must be on one device; ",
+              name, " is on ", t.device(), ", q on ", q.device());
+  TORCH_CHECK(t.dim() == 4, "sageattention_sm75: ", name, " must be 4-D, got ", t.dim(), "-D");
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
+              "sageattention_sm75: ", name, " must be float16 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "sageattention_sm75: q, k and v must share a dtype; ",
+              name, " is ", t.scalar_type(), ", q is ", q.scalar_type());
+  TORCH_CHECK(t.stride(3) == 1, "sageattention_sm75: the head dim of ", name,
+              " must be contiguous (stride 1), got stride ", t.stride(3));
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& v,
+                                                        const std::string& tensor_layout,
+                                                        bool is_causal, double sm_scale,
+                                                        bool smooth_k, bool return_lse) {
+  TORCH_CHECK(tensor_layout == "HND" || tensor_layout == "NHD",
+              "sageattention_sm75: tensor_layout must be 'HND' or 'NHD', got '", tensor_layout, "'");
+  check_input(q, "q", q);
+  check_input(k, "k", q);
+  check_input(v, "v", q);
+  const bool nhd = tensor_layout == "NHD";
+  const Hnd sq = as_hnd(q, nhd), sk = as_hnd(k, nhd), sv = as_hnd(v, nhd);
+  TORCH_CHECK(sq.d == 64 || sq.d == 128, "sageattention_sm75: head dim must be 64 or 128, got ", sq.d);
+  TORCH_CHECK(sk.d == sq.d && sv.d == sq.d, "sageattention_sm75: q, k, v head dims differ: ", sq.d,
+              ", ", sk.d, ", ", sv.d);
+  TORCH_CHECK(sk.b == sq.b && sv.b == sq.b, "sageattention_sm75: q, k, v batch sizes differ: ",
+              sq.b, ", ", sk.b, ", ", sv.b);
+  TORCH_CHECK(sk.h == sv.h && sk.h > 0 && sq.h % sk.h == 0,
+              "sageattention_sm75: k and v need the same number of heads, dividing q's; got q ",
+              sq.h, ", k ", sk.h, ", v ", sv.h);
+  TORCH_CHECK(sk.n == sv.n, "sageattention_sm75: k and v need the same number of tokens, got ",
+              sk.n, " and ", sv.n);
+  TORCH_CHECK(sq.n > 0 && sk.n > 0 && sq.b > 0, "sageattention_sm75: empty input (batch ", sq.b,
+              ", q tokens ", sq.n, ", kv tokens ", sk.n, ")");
+  TORCH_CHECK(sq.n < (1LL << 30) && sk.n < (1LL << 30), "sageattention_sm75: sequence too long");
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  Problem p;
+  p.batch = static_cast<int>(sq.b);
+  p.q_heads = static_cast<int>(sq.h);
+  p.kv_heads = static_cast<int>(sk.h);
+  p.q_len = static_cast<int>(sq.n);
+  p.kv_len = static_cast<int>(sk.n);
+  p.head_dim = static_cast<int>(sq.d);
+  p.dtype = q.scalar_type() == at::kHalf ? ElemType::kFloat16 : ElemType::kBFloat16;
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.is_causal = is_causal;
+  p.smooth_k = smooth_k;
+  p.return_lse = return_lse;
+
+  const auto f32 = q.options().dtype(at::kFloat);
+  const auto i8 = q.options().dtype(at::kChar);
+  const int64_t q_pad = padded_q_len(sq.n), kv_pad = padded_kv_len(sk.n);
+  at::Tensor q_int8 = at::empty({sq.b, sq.h, q_pad, sq.d}, i8);
+  at::Tensor q_scale = at::empty({sq.b, sq.h, q_pad / kWarpQ}, f32);
+  at::Tensor k_int8 = at::empty({sk.b, sk.h, kv_pad, sk.d}, i8);
+  at::Tensor k_scale = at::empty({sk.b, sk.h, kv_pad / kBlockK}, f32);
+  at::Tensor v_t = at::empty({sv.b, sv.h, sv.d, kv_pad}, q.options().dtype(at::kHalf));
+  at::Tensor k_mean_part, k_mean, lse_corr;
+  if (smooth_k) {
+    k_mean_part = at::empty({sk.b, sk.h, mean_chunks(sk.n), sk.d}, f32);
+    k_mean = at::empty({sk.b, sk.h, sk.d}, f32);
+    if (return_lse) lse_corr = at::empty({sq.b, sq.h, q_pad}, f32);
+  }
+  Workspace ws;
+  ws.q_int8 = q_int8.data_ptr<int8_t>();
+  ws.q_scale = q_scale.data_ptr<float>();
+  ws.k_int8 = k_int8.data_ptr<int8_t>();
+  ws.k_scale = k_scale.data_ptr<float>();
+  ws.v_t = v_t.data_ptr();
+  ws.k_mean_part = smooth_k ? k_mean_part.data_ptr<float>() : nullptr;
+  ws.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
+  ws.lse_corr = lse_corr.defined() ? lse_corr.data_ptr<float>() : nullptr;
+
+  at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, q's layout
+  at::Tensor lse = return_lse ? at::empty({sq.b, sq.h, sq.n}, f32) : at::empty({0}, f32);
+  const Hnd so = as_hnd(out, nhd);
+
+  const cudaError_t err = qk_int8_pv_fp16(p, ref(q, sq), ref(k, sk), ref(v, sv), ref(out, so),
+                                          return_lse ? lse.data_ptr<float>() : nullptr, ws, stream);
+  TORCH_CHECK(err == cudaSuccess, "sageattention_sm75: kernel launch failed: ",
+              cudaGetErrorString(err));
+  return {out, lse};
+}
+
+}  // namespace
+}  // namespace sageattention_sm75
+
+TORCH_LIBRARY(sageattention_sm75, m) {
+  m.def(
+      "qk_int8_pv_fp16(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
+      "float sm_scale, bool smooth_k, bool return_lse) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention_sm75, CUDA, m) {
+  m.impl("qk_int8_pv_fp16", &sageattention_sm75::qk_int8_pv_fp16_cuda);
+}
+
+// Importing the module registers the ops above; it defines no Python functions.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "SageAttention sm75 (Turing) kernels; ops live in torch.ops.sageattention_sm75";
+}

@@ -1,0 +1,80 @@
+// Plain C++ interface of the sm75 kernels: raw pointers, sizes, strides and a
+// stream. No torch headers here or in the .cu files, so the compiled kernel
+// objects do not depend on the torch version (the factory caches them).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace sageattention_sm75 {
+
+// Quantization granularity of this family (docs/architecture.md, per_warp on sm75).
+constexpr int kWarpQ = 16;    // query tokens per Q scale (one warp's rows)
+constexpr int kBlockK = 32;   // key tokens per K scale
+constexpr int kCtaQ = 64;     // query tokens per thread block (4 warps)
+constexpr int kMeanChunk = 256;  // key tokens per partial sum of the K mean
+
+enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t padded_q_len(int64_t q_len) { return round_up(q_len, kCtaQ); }
+inline int64_t padded_kv_len(int64_t kv_len) { return round_up(kv_len, kBlockK); }
+inline int64_t mean_chunks(int64_t kv_len) { return (kv_len + kMeanChunk - 1) / kMeanChunk; }
+
+// A 4-D input or output seen as [batch, heads, tokens, head_dim]; strides in
+// elements for batch, head and token; the head dim must be contiguous.
+struct TensorRef {
+  void* data;
+  int64_t stride_b;
+  int64_t stride_h;
+  int64_t stride_n;
+};
+
+struct Problem {
+  int batch;
+  int q_heads;
+  int kv_heads;
+  int q_len;
+  int kv_len;
+  int head_dim;  // 64 or 128
+  ElemType dtype;  // of q, k, v and the output
+  float sm_scale;
+  bool is_causal;
+  bool smooth_k;
+  bool return_lse;
+};
+
+// Scratch buffers the caller allocates (sizes from the helpers above).
+struct Workspace {
+  int8_t* q_int8;       // [B, Hq, padded_q_len, D]
+  float* q_scale;       // [B, Hq, padded_q_len / kWarpQ]
+  int8_t* k_int8;       // [B, Hkv, padded_kv_len, D]
+  float* k_scale;       // [B, Hkv, padded_kv_len / kBlockK]
+  void* v_t;            // fp16 [B, Hkv, D, padded_kv_len] (V transposed)
+  float* k_mean_part;   // [B, Hkv, mean_chunks, D]      (smooth_k only)
+  float* k_mean;        // [B, Hkv, D]                   (smooth_k only)
+  float* lse_corr;      // [B, Hq, padded_q_len]         (smooth_k and return_lse only)
+};
+
+// Quantizes Q and K (fused scale, mean subtraction, zero-filled tails), converts
+// and transposes V, then runs attention. out: the output in the same element
+// type; lse: fp32 [B, Hq, q_len] contiguous, or nullptr when !return_lse.
+// Returns the first CUDA error met (launches are asynchronous on `stream`).
+cudaError_t qk_int8_pv_fp16(const Problem& p, const TensorRef& q, const TensorRef& k,
+                            const TensorRef& v, const TensorRef& out, float* lse,
+                            const Workspace& ws, cudaStream_t stream);
+
+// Steps, exposed for the launcher above (each returns cudaGetLastError()).
+cudaError_t launch_k_mean(const Problem& p, const TensorRef& k, const Workspace& ws,
+                          cudaStream_t stream);
+cudaError_t launch_quantize_q(const Problem& p, const TensorRef& q, const Workspace& ws,
+                              cudaStream_t stream);
+cudaError_t launch_quantize_k(const Problem& p, const TensorRef& k, const Workspace& ws,
+                              cudaStream_t stream);
+cudaError_t launch_transpose_v(const Problem& p, const TensorRef& v, const Workspace& ws,
+                               cudaStream_t stream);
+cudaError_t launch_attention(const Problem& p, const TensorRef& out, float* lse,
+                             const Workspace& ws, cudaStream_t stream);
+
+}  // namespace sageattention_sm75

@@ -1,0 +1,90 @@
+// Torch bindings of the sm80 family (INT8 QK^T, FP16 PV). The op schemas are defined here once;
+// fake implementations live in sageattention/native/sm80.py.
+#include <Python.h>
+
+#include "../common/torch_glue.h"
+#include "launchers.h"
+
+namespace sage::sm80 {
+namespace {
+
+PvAccum parse_accum(const std::string& a) {
+  if (a == "fp32") return PvAccum::kF32;
+  if (a == "fp16+fp32") return PvAccum::kF16F32;
+  if (a == "fp16") return PvAccum::kF16;
+  TORCH_CHECK(false, "pv_accum_dtype for the sm80 family must be 'fp32', 'fp16+fp32' or 'fp16', got '",
+              a, "'");
+  return PvAccum::kF32;
+}
+
+std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
+                                                 const c10::optional<at::Tensor>& mean,
+                                                 const std::string& tensor_layout,
+                                                 const std::string& qk_quant_gran, bool is_key,
+                                                 double scale_mult) {
+  return glue::quant_int8(&sm80::quant_int8, x, mean, glue::parse_layout(tensor_layout),
+                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& tensor_layout,
+    bool is_causal, double sm_scale, const std::string& qk_quant_gran,
+    const std::string& pv_accum_dtype, bool smooth_k, bool return_lse) {
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  const PvAccum accum = parse_accum(pv_accum_dtype);
+  glue::check_qkv(q, k, v, hnd);
+  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  const glue::View Q = glue::view_of(q, hnd), K = glue::view_of(k, hnd);
+  c10::optional<at::Tensor> km;
+  if (smooth_k) km = glue::token_mean(k, hnd);
+  auto [q_i8, q_scale] = glue::quant_int8(&sm80::quant_int8, q, c10::nullopt, hnd, gran, false,
+                                          sm_scale * glue::kLog2e);
+  auto [k_i8, k_scale] = glue::quant_int8(&sm80::quant_int8, k, km, hnd, gran, true, 1.0);
+  // FP16 PV: bf16 V is converted to fp16 (docs/architecture.md).
+  const at::Tensor v16 = glue::vector_friendly(v.scalar_type() == at::kHalf ? v : v.to(at::kHalf));
+  const glue::View V = glue::view_of(v16, hnd);
+
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({return_lse ? Q.B : 0, Q.H, Q.N}, q.options().dtype(at::kFloat));
+  AttnParams p{};
+  glue::fill_attn_common(p, q_i8, q_scale, k_i8, k_scale, Q, K, out, hnd, lse, return_lse, gran,
+                         is_causal);
+  p.v = v16.data_ptr();
+  p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const DType od = glue::dtype_of(q);
+  const cudaError_t err = Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+  TORCH_CHECK(err == cudaSuccess, "sageattention_sm80 attention launch failed: ",
+              cudaGetErrorString(err));
+  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *km, hnd, sm_scale);
+  return {out, lse};
+}
+
+}  // namespace
+}  // namespace sage::sm80
+
+TORCH_LIBRARY(sageattention_sm80, m) {
+  m.def(
+      "quant_int8(Tensor x, Tensor? mean, str tensor_layout, str qk_quant_gran, bool is_key, "
+      "float scale_mult) -> (Tensor, Tensor)");
+  m.def(
+      "qk_int8_pv_fp16(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
+      "float sm_scale, str qk_quant_gran, str pv_accum_dtype, bool smooth_k, bool return_lse) "
+      "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention_sm80, CUDA, m) {
+  m.impl("quant_int8", &sage::sm80::quant_int8_op);
+  m.impl("qk_int8_pv_fp16", &sage::sm80::qk_int8_pv_fp16_op);
+}
+
+// `import sageattention._kernels_sm80` runs the registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__kernels_sm80(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_kernels_sm80",
+                            "INT8 QK, FP16 PV kernels (ops in torch.ops.sageattention_sm80)", -1,
+                            nullptr};
+  return PyModule_Create(&def);
+}

@@ -1,0 +1,14 @@
+// Plain C++ entry points of the sm80 family's CUDA code (no torch types), called by bindings.cpp.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "../common/attn_params.h"
+
+namespace sage::sm80 {
+
+cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
+// INT8 QK^T, FP16 PV. accum: kF32, kF16F32 or kF16.
+cudaError_t attn_hd64(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream);
+cudaError_t attn_hd128(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream);
+
+}  // namespace sage::sm80

@@ -1,0 +1,20 @@
+// sm89 family: INT8 QK^T + FP8 e4m3 PV attention, head dim 64 (all accumulation modes, fp16/bf16 out).
+#include "../common/attn_dispatch.cuh"
+#include "launchers.h"
+
+namespace sage::sm89 {
+
+cudaError_t attn_hd64(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream) {
+  switch (accum) {
+    case PvAccum::kF32:
+      return launch_attn_dtype<64, PvKind::kFp8, PvAccum::kF32>(p, out_dtype, stream);
+    case PvAccum::kF32F32:
+      return launch_attn_dtype<64, PvKind::kFp8, PvAccum::kF32F32>(p, out_dtype, stream);
+    case PvAccum::kF32F16:
+      return launch_attn_dtype<64, PvKind::kFp8, PvAccum::kF32F16>(p, out_dtype, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace sage::sm89

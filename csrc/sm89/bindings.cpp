@@ -1,0 +1,139 @@
+// Torch bindings of the sm89 family (INT8 QK^T, FP8 e4m3 PV; runs on sm89 and sm90). The op
+// schemas are defined here once; fake implementations live in sageattention/native/sm89.py.
+#include <Python.h>
+
+#include "../common/torch_glue.h"
+#include "launchers.h"
+
+namespace sage::sm89 {
+namespace {
+
+constexpr double kFp8Max = 448.0;
+
+PvAccum parse_accum(const std::string& a) {
+  if (a == "fp32") return PvAccum::kF32;
+  if (a == "fp32+fp32") return PvAccum::kF32F32;
+  if (a == "fp32+fp16") return PvAccum::kF32F16;
+  TORCH_CHECK(false,
+              "pv_accum_dtype for the sm89 family must be 'fp32', 'fp32+fp32' or 'fp32+fp16', got '",
+              a, "'");
+  return PvAccum::kF32;
+}
+
+std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
+                                                 const c10::optional<at::Tensor>& mean,
+                                                 const std::string& tensor_layout,
+                                                 const std::string& qk_quant_gran, bool is_key,
+                                                 double scale_mult) {
+  return glue::quant_int8(&sm89::quant_int8, x, mean, glue::parse_layout(tensor_layout),
+                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+}
+
+// V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
+// per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor& v_in, bool hnd,
+                                                                bool smooth_v) {
+  TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
+  TORCH_CHECK(v_in.scalar_type() == at::kHalf || v_in.scalar_type() == at::kBFloat16,
+              "v must be float16 or bfloat16, got ", v_in.scalar_type());
+  const c10::cuda::CUDAGuard guard(v_in.device());
+  const at::Tensor v = glue::vector_friendly(v_in);
+  const glue::View V = glue::view_of(v, hnd);
+  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", V.D);
+  const int64_t tok_dim = hnd ? 2 : 1;
+  auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
+  at::Tensor mean, amax;
+  if (smooth_v) {
+    mean = glue::token_mean(v, hnd);
+    // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
+    amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
+  } else {
+    mean = at::empty({0}, v.options().dtype(at::kFloat));
+    amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
+  }
+  const at::Tensor scale = (amax / kFp8Max).clamp_min(1e-8).contiguous();
+  const int64_t pad = glue::round_up(V.N, 64);
+  auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
+  QuantFp8Params p{};
+  p.x = v.data_ptr();
+  p.x_sb = V.sb; p.x_sh = V.sh; p.x_sn = V.sn;
+  p.scale = scale.data_ptr<float>();
+  p.mean = smooth_v ? mean.data_ptr<float>() : nullptr;
+  p.out = reinterpret_cast<uint8_t*>(out.data_ptr());
+  p.heads = V.H; p.tokens = V.N; p.padded_tokens = pad; p.head_dim = V.D;
+  const cudaError_t err =
+      sm89::quant_v_fp8(p, V.B, glue::dtype_of(v), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "quant_v_fp8 launch failed: ", cudaGetErrorString(err));
+  return {out, scale, mean};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_op(const at::Tensor& v,
+                                                              const std::string& tensor_layout,
+                                                              bool smooth_v) {
+  return quant_v_fp8_impl(v, glue::parse_layout(tensor_layout), smooth_v);
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& tensor_layout,
+    bool is_causal, double sm_scale, const std::string& qk_quant_gran,
+    const std::string& pv_accum_dtype, bool smooth_k, bool smooth_v, bool return_lse) {
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  const PvAccum accum = parse_accum(pv_accum_dtype);
+  glue::check_qkv(q, k, v, hnd);
+  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  const glue::View Q = glue::view_of(q, hnd), K = glue::view_of(k, hnd);
+  c10::optional<at::Tensor> km;
+  if (smooth_k) km = glue::token_mean(k, hnd);
+  auto [q_i8, q_scale] = glue::quant_int8(&sm89::quant_int8, q, c10::nullopt, hnd, gran, false,
+                                          sm_scale * glue::kLog2e);
+  auto [k_i8, k_scale] = glue::quant_int8(&sm89::quant_int8, k, km, hnd, gran, true, 1.0);
+  auto [v8, v_scale, v_mean] = quant_v_fp8_impl(v, hnd, smooth_v);
+
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({return_lse ? Q.B : 0, Q.H, Q.N}, q.options().dtype(at::kFloat));
+  AttnParams p{};
+  glue::fill_attn_common(p, q_i8, q_scale, k_i8, k_scale, Q, K, out, hnd, lse, return_lse, gran,
+                         is_causal);
+  TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
+  p.v = v8.data_ptr();
+  p.v_scale = v_scale.data_ptr<float>();
+  p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const DType od = glue::dtype_of(q);
+  const cudaError_t err = Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+  TORCH_CHECK(err == cudaSuccess, "sageattention_sm89 attention launch failed: ",
+              cudaGetErrorString(err));
+  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *km, hnd, sm_scale);
+  return {out, lse};
+}
+
+}  // namespace
+}  // namespace sage::sm89
+
+TORCH_LIBRARY(sageattention_sm89, m) {
+  m.def(
+      "quant_int8(Tensor x, Tensor? mean, str tensor_layout, str qk_quant_gran, bool is_key, "
+      "float scale_mult) -> (Tensor, Tensor)");
+  m.def("quant_v_fp8(Tensor v, str tensor_layout, bool smooth_v) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "qk_int8_pv_fp8(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
+      "float sm_scale, str qk_quant_gran, str pv_accum_dtype, bool smooth_k, bool smooth_v, "
+      "bool return_lse) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention_sm89, CUDA, m) {
+  m.impl("quant_int8", &sage::sm89::quant_int8_op);
+  m.impl("quant_v_fp8", &sage::sm89::quant_v_fp8_op);
+  m.impl("qk_int8_pv_fp8", &sage::sm89::qk_int8_pv_fp8_op);
+}
+
+// `import sageattention._kernels_sm89` runs the registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__kernels_sm89(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_kernels_sm89",
+                            "INT8 QK, FP8 PV kernels (ops in torch.ops.sageattention_sm89)", -1,
+                            nullptr};
+  return PyModule_Create(&def);
+}

@@ -1,0 +1,115 @@
+"""nox sessions, registered from build_matrix.yaml. Logic lives in scripts/factory.
+
+    nox -l                      list sessions (build-<sm> and validate-<sm> per matrix SM)
+    nox -s build-sm80           build every sm80 cell this host can build
+    nox -s tests                the README's test command
+"""
+
+# /// script
+# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "packaging>=23", "auditwheel; sys_platform == 'linux'"]
+# ///
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.factory import cli, matrix  # noqa: E402
+
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+MATRIX = matrix.load_matrix()  # a broken matrix stops here with its problems listed
+
+
+def _call(session: nox.Session, main, argv: list[str]) -> None:
+    """Run a factory main(argv) in-process; a non-zero exit fails the session."""
+    code = main(argv)
+    if code:
+        session.error(f"exit status {code}")
+
+
+@nox.session(name="matrix", venv_backend="none")
+def matrix_session(session: nox.Session) -> None:
+    """Validate build_matrix.yaml (-- --check FILE) or print its cells (-- --json)."""
+    _call(session, matrix.main, session.posargs)
+
+
+def _build_session(sm: int):
+    def build(session: nox.Session) -> None:
+        _call(session, cli.main, ["build", "--sm", f"sm{sm}", *session.posargs])
+
+    build.__doc__ = (f"Build every sm{sm} cell this host can build; prints the plan and why "
+                     "other cells skip (-- --no-repair, --jobs N).")
+    return build
+
+
+def _validate_session(sm: int):
+    def validate(session: nox.Session) -> None:
+        from scripts.factory import validate as validate_module  # validation half
+        from scripts.factory.labels import parse_wheel_name
+
+        args = list(session.posargs)
+        if not any(a.endswith(".whl") for a in args):
+            args = [str(p) for p in sorted((ROOT / "wheelhouse").glob("sageattention-*.whl"))
+                    if sm in parse_wheel_name(p.name).label.sms] + args
+            if not any(a.endswith(".whl") for a in args):
+                session.error(f"no sm{sm} wheel in wheelhouse/: run nox -s build-sm{sm} "
+                              "first, or pass wheels after --")
+        _call(session, validate_module.main, args)
+
+    validate.__doc__ = (f"Validate sm{sm} wheels on this machine's GPU (default: the sm{sm} "
+                        "wheels in wheelhouse/); writes release_notes/<wheel>.report.json.")
+    return validate
+
+
+for _sm in MATRIX.sms():
+    nox.session(name=f"build-sm{_sm}", venv_backend="none", tags=["build"])(_build_session(_sm))
+    nox.session(name=f"validate-sm{_sm}", venv_backend="none", tags=["validate"])(
+        _validate_session(_sm))
+
+
+@nox.session(venv_backend="none")
+def notes(session: nox.Session) -> None:
+    """Write release_notes/<wheel>.md from each validation report (args go to notes.main)."""
+    from scripts.factory import notes as notes_module
+
+    _call(session, notes_module.main, session.posargs)
+
+
+@nox.session(venv_backend="none")
+def release(session: nox.Session) -> None:
+    """Assemble the release from validated wheels only (args go to release.main)."""
+    from scripts.factory import release as release_module
+
+    _call(session, release_module.main, session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The README's test command (python -m pytest tests/unit -q); -- --wheel FILE adds tests/wheel.
+
+    Runs in a fresh venv with the pyproject 'test' dependency group.
+    """
+    session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
+    args = list(session.posargs)
+    wheel = None
+    if "--wheel" in args:
+        at = args.index("--wheel")
+        wheel = args[at + 1]
+        del args[at:at + 2]
+    session.run("python", "-m", "pytest", "tests/unit", "-q", *args)
+    if wheel:
+        session.run("python", "-m", "pytest", "tests/wheel", "-q", "--wheel", wheel)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (rules in pyproject.toml) on the whole tree."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", ".", *session.posargs)

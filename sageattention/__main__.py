@@ -1,0 +1,96 @@
+"""``python -m sageattention``: build info, environment and a verdict.
+
+Exit status 0 when this build can run here (or there is no GPU to check against), 1 when
+it cannot, so scripts can use it as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from typing import Sequence
+
+from . import build_info, guard
+
+
+def _environment() -> dict:
+    env = {"python": platform.python_version(), "python_tag": guard._python_tag(),
+           "platform": platform.platform(), "torch": None, "torch_cuda": None, "gpus": []}
+    try:
+        import torch
+    except ImportError as exc:
+        env["torch_error"] = str(exc)
+        return env
+    env["torch"], env["torch_cuda"] = torch.__version__, torch.version.cuda
+    if torch.version.cuda and torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            env["gpus"].append({"index": i, "name": torch.cuda.get_device_name(i),
+                                "capability": f"{major}.{minor}"})
+    return env
+
+
+def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
+    """(ok, sentences)."""
+    if info is None:
+        return True, ["source checkout (no build info): native kernels, if any, were built "
+                      "in place; nothing to check"]
+    if env["torch"] is None:
+        return False, [f"torch is not importable: {env.get('torch_error')}"]
+    lines, ok = [], True
+    problem = guard.import_problem(info, env["torch"], env["torch_cuda"])
+    if problem:
+        ok = False
+        lines.append("MISMATCH: " + problem)
+    else:
+        lines.append(f"torch {env['torch']} (CUDA {env['torch_cuda']}) matches this build")
+    if not env["gpus"]:
+        lines.append("no CUDA GPU visible: GPU check skipped")
+    for gpu in env["gpus"]:
+        cap = tuple(int(x) for x in gpu["capability"].split("."))
+        how = guard.served_by(info, cap)
+        if how:
+            lines.append(f"cuda:{gpu['index']} {gpu['name']} (sm{cap[0]}{cap[1]}): runs "
+                         f"this build's {how}")
+        else:
+            ok = False
+            lines.append("MISMATCH: " + guard.device_problem(
+                info, cap, f"{gpu['name']} (cuda:{gpu['index']})"))
+    return ok, lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sageattention",
+        description="Print this sageattention build's info, the environment, and whether "
+                    "the build can run here (exit 1 if not).")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    info = build_info.load()
+    env = _environment()
+    ok, lines = verdict(info, env)
+    if args.json:
+        print(json.dumps({"build_info": info, "environment": env, "ok": ok,
+                          "verdict": lines}, indent=2))
+        return 0 if ok else 1
+    print(f"sageattention {build_info.package_version()}")
+    print("build info:" if info else "build info: none (source checkout)")
+    for key in ("local_label", "sm_targets", "families", "ptx", "torch", "cuda", "python_tag",
+                "platform", "compilers", "git_commit", "build_date", "cell_id"):
+        if info and key in info:
+            print(f"  {key:12s} {info[key]}")
+    print("environment:")
+    for key in ("python", "platform", "torch", "torch_cuda"):
+        print(f"  {key:12s} {env.get(key)}")
+    for gpu in env["gpus"]:
+        print(f"  gpu          cuda:{gpu['index']} {gpu['name']} (compute {gpu['capability']})")
+    print("verdict: " + ("OK" if ok else "NOT USABLE HERE"))
+    for line in lines:
+        print(f"  {line}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

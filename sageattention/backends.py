@@ -1,0 +1,143 @@
+"""The capability table: which backend serves which GPU, dtypes, head dims and features. Data only.
+
+Native kernel facts (SMs served, head dims, granularities, accumulators) are read from
+`native/families.json`, the table the build reads too, so each rule lives in one place. The Triton
+backend's limits come from `sageattention.triton` when it is importable. The dispatcher
+(`dispatch.py`) walks `preference_order(capability)` and takes the first backend whose record fits.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+SDPA = "sdpa"
+BACKEND_NAMES = ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16", SDPA)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of the capability table."""
+
+    name: str
+    kind: str                              # "native" | "triton" | "sdpa"
+    family: str | None                     # native family in families.json
+    op: str | None                         # "qk_int8_pv_fp16" | "qk_int8_pv_fp8" (None: sdpa)
+    capabilities: frozenset                # (major, minor) served by compiled code
+    min_capability: tuple[int, int] | None  # lowest capability served at all (PTX or portable code)
+    dtypes: frozenset
+    head_dims: frozenset | range | None    # None: any head dim
+    qk_quant_grans: tuple[str, ...]        # first is the default
+    pv_accum_dtypes: tuple[str, ...]
+    default_pv_accum_dtype: str | None
+    takes_mask: bool
+    takes_smooth_v: bool
+    takes_dropout: bool = False
+    takes_grad: bool = False
+
+    def serves(self, capability: tuple[int, int] | None) -> bool:
+        """Whether this backend runs on a device of this capability (None: CPU)."""
+        if self.kind == "sdpa":
+            return True
+        if capability is None:
+            return False
+        if capability in self.capabilities:
+            return True
+        return self.min_capability is not None and capability >= self.min_capability
+
+
+def _sm(tag: str) -> tuple[int, int]:
+    """'sm86' -> (8, 6)."""
+    digits = tag.removeprefix("sm")
+    return int(digits[:-1]), int(digits[-1])
+
+
+@functools.cache
+def load_families() -> dict:
+    """The parsed `native/families.json` (the table the build reads too)."""
+    text = resources.files("sageattention.native").joinpath("families.json").read_text()
+    return json.loads(text)["families"]
+
+
+# sageattn's accumulator when the caller names none: full fp32 for FP16 PV, two-level fp32 for FP8 PV
+# (an fp16 inner accumulator can overflow with FP8's static P scale of 448).
+_DEFAULT_PV_ACCUM = {"qk_int8_pv_fp16": "fp32", "qk_int8_pv_fp8": "fp32+fp32"}
+_HALF = frozenset({torch.float16, torch.bfloat16})
+_NATIVE = (("cuda-sm89-fp8", "sm89", "qk_int8_pv_fp8"),
+           ("cuda-sm80-fp16", "sm80", "qk_int8_pv_fp16"),
+           ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
+
+
+def _triton_limits() -> tuple[tuple[int, int], frozenset | range]:
+    try:
+        from sageattention import triton as triton_backend
+        low = tuple(triton_backend.MIN_CAPABILITY)
+        return low, range(1, int(triton_backend.MAX_HEAD_DIM) + 1)
+    except Exception:  # package absent or broken: the record stays, availability says why
+        return (8, 0), frozenset({64, 128})
+
+
+@functools.cache
+def capability_table() -> tuple[Backend, ...]:
+    """All backends, one record each, in BACKEND_NAMES order."""
+    families = load_families()
+    rows = []
+    for name, family, op in _NATIVE:
+        spec = families[family]
+        served = frozenset(_sm(s) for s in spec["serves"])
+        # A family that embeds PTX (sm75: compute_75) also runs, JIT-compiled, on every newer GPU.
+        ptx_floor = _sm("sm" + spec["embed_ptx"].split("_")[1]) if spec.get("embed_ptx") else None
+        grans = tuple(spec["qk_quant_gran"])
+        rows.append(Backend(
+            name=name, kind="native", family=family, op=op, capabilities=served,
+            min_capability=ptx_floor, dtypes=_HALF, head_dims=frozenset(spec["head_dims"]),
+            qk_quant_grans=("per_thread",) + tuple(g for g in grans if g != "per_thread")
+            if "per_thread" in grans else grans,
+            pv_accum_dtypes=tuple(spec["pv_accum_dtype"]), default_pv_accum_dtype=_DEFAULT_PV_ACCUM[op],
+            takes_mask=False, takes_smooth_v=True))
+    low, triton_dims = _triton_limits()
+    rows.append(Backend(
+        name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
+        min_capability=low, dtypes=_HALF, head_dims=triton_dims, qk_quant_grans=("per_block",),
+        pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32", takes_mask=True, takes_smooth_v=False))
+    rows.append(Backend(
+        name=SDPA, kind="sdpa", family=None, op=None, capabilities=frozenset(), min_capability=None,
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}), head_dims=None,
+        qk_quant_grans=(), pv_accum_dtypes=(), default_pv_accum_dtype=None, takes_mask=True, takes_smooth_v=True,
+        takes_dropout=True, takes_grad=True))
+    assert tuple(r.name for r in rows) == BACKEND_NAMES
+    return tuple(rows)
+
+
+def backend(name: str) -> Backend:
+    for row in capability_table():
+        if row.name == name:
+            return row
+    raise ValueError(f"unknown backend {name!r}; the backends are: {', '.join(BACKEND_NAMES)}")
+
+
+# Preference per GPU generation, best first. Rules are checked top to bottom; the first whose
+# capability range holds the device applies. The sm75 family reaches newer GPUs only as PTX, so it
+# comes after every backend compiled for them.
+PREFERENCE = (
+    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
+    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
+    ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
+    ((7, 5), ("cuda-sm75-fp16", SDPA)),
+    ((0, 0), (SDPA,)),
+)
+
+
+def preference_order(capability: tuple[int, int] | None) -> tuple[str, ...]:
+    """Backends to try, best first, for a device of this capability (None: CPU)."""
+    if capability is None:
+        return (SDPA,)
+    for floor, order in PREFERENCE:
+        if capability >= floor:
+            # Newer GPUs than any rule names: keep the order; `Backend.serves` drops what cannot run.
+            return order
+    return (SDPA,)

@@ -1,0 +1,314 @@
+"""Benchmark: sageattn and each backend that runs here against SDPA's default backend.
+
+    python -m sageattention.benchmark                      # the 20-case set of design.md
+    python -m sageattention.benchmark --seq-len 1024 2048 8192 --head-dim 64 128
+    python -m sageattention.benchmark --cases wide --json bench.json
+
+Every timing is end to end (quantization included), on the same inputs, in this one process: the
+median of many runs (``triton.testing.do_bench``, or CUDA events when Triton is absent).
+TOPS = 4*b*h*n*n*d / time, halved for causal attention. These are attention microbenchmarks,
+not end-to-end application speed-ups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# b x h x n x d of design.md's case set; each in fp16 and bf16, causal and not: 20 cases.
+STANDARD_SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64),
+                   (1, 32, 16384, 64), (8, 32, 1024, 128))
+# A wider sweep: every length at a constant token count per batch (b*n = 32768), 32 heads.
+WIDE_SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
+WIDE_TOKENS = 32768
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: str
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for field in ("batch", "heads", "seq_len", "head_dim"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be at least 1, got {getattr(self, field)}")
+
+    @property
+    def name(self) -> str:
+        kind = "causal" if self.causal else "non-causal"
+        return f"{self.dtype} {self.batch}x{self.heads}x{self.seq_len}x{self.head_dim} {kind}"
+
+    @property
+    def flops(self) -> float:
+        full = 4.0 * self.batch * self.heads * self.seq_len * self.seq_len * self.head_dim
+        return full / 2 if self.causal else full
+
+
+def standard_cases(dtypes=("fp16", "bf16")) -> list[Case]:
+    return [Case(dt, b, h, n, d, c) for dt in dtypes for (b, h, n, d) in STANDARD_SHAPES
+            for c in (False, True)]
+
+
+def wide_cases(dtypes=("fp16", "bf16")) -> list[Case]:
+    return [Case(dt, max(1, WIDE_TOKENS // n), 32, n, d, c) for dt in dtypes
+            for n in WIDE_SEQ_LENS for d in (64, 128) for c in (False, True)]
+
+
+def grid_cases(*, dtypes, batches, heads, seq_lens, head_dims, causal) -> list[Case]:
+    return [Case(dt, b, h, n, d, c) for dt in dtypes for b in batches for h in heads
+            for n in seq_lens for d in head_dims for c in causal]
+
+
+def tops(case: Case, ms: float) -> float:
+    return case.flops / (ms * 1e-3) / 1e12
+
+
+def geomean(values) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def cuda_timer(warmup_ms: float = 25, rep_ms: float = 100) -> Callable[[Callable], float]:
+    """Median milliseconds of ``fn``: triton.testing.do_bench, else CUDA events."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+
+    def timer(fn: Callable) -> float:
+        if do_bench is not None:
+            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return _event_median(fn, warmup_ms, rep_ms)
+
+    return timer
+
+
+def _event_median(fn: Callable, warmup_ms: float, rep_ms: float) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    once = max(start.elapsed_time(end), 1e-3)
+    for _ in range(max(1, int(warmup_ms / once))):
+        fn()
+    times = []
+    for _ in range(max(5, int(rep_ms / once))):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _inputs(case: Case, device, seed: int = 0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (case.batch, case.heads, case.seq_len, case.head_dim)
+    return tuple(torch.randn(shape, generator=gen, device=device, dtype=DTYPES[case.dtype])
+                 for _ in range(3))
+
+
+def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
+        primary: str | None = None, others: list[str] = (), accuracy: bool = True,
+        progress: Callable[[str], None] | None = None) -> dict:
+    """Time SDPA (default backend), sageattn and each of ``others`` on every case.
+
+    ``primary`` forces the backend of the headline ``sageattn`` figures (None: the default
+    dispatch). A backend that raises or falls back to another is recorded with the reason, not
+    timed. Returns the ``performance`` section of a validation report.
+    """
+    rows = []
+    for case in cases:
+        q, k, v = _inputs(case, device)
+        row = {"name": case.name, **asdict(case), "flops": case.flops}
+
+        def sdpa(q=q, k=k, v=v, causal=case.causal):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        row["sdpa_ms"] = timer(sdpa)
+        row["sdpa_tops"] = tops(case, row["sdpa_ms"])
+        ref = None
+        if accuracy:
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                 is_causal=case.causal)
+        head = _time_backend(api, primary, case, q, k, v, timer, ref)
+        row.update({"backend": head.get("ran"), "sageattn_ms": head.get("ms"),
+                    "sageattn_tops": head.get("tops"), "speedup_vs_sdpa": None,
+                    "accuracy": head.get("accuracy"), "error": head.get("error")})
+        if head.get("ms"):
+            row["speedup_vs_sdpa"] = row["sdpa_ms"] / head["ms"]
+        row["backends"] = {}
+        for name in others:
+            res = _time_backend(api, name, case, q, k, v, timer, ref)
+            if res.get("ms"):
+                res["speedup_vs_sdpa"] = row["sdpa_ms"] / res["ms"]
+            row["backends"][name] = res
+        del q, k, v, ref
+        rows.append(row)
+        if progress:
+            progress(format_row(row))
+    speedups = [r["speedup_vs_sdpa"] for r in rows]
+    per_backend = {name: geomean(r["backends"][name].get("speedup_vs_sdpa") for r in rows)
+                   for name in others}
+    accs = [r["accuracy"] for r in rows if r.get("accuracy")]
+    return {
+        "method": ("end to end incl. quantization, same inputs, one process; median of "
+                   "triton.testing.do_bench (CUDA events without Triton); TOPS = 4*b*h*n*n*d / "
+                   "time, halved for causal"),
+        "baseline": "torch.nn.functional.scaled_dot_product_attention, default backend",
+        "primary_backend": primary or "default dispatch",
+        "cases": rows,
+        "geomean_speedup_vs_sdpa": geomean(speedups),
+        "complete": all(s is not None for s in speedups),
+        "geomean_speedup_vs_sdpa_by_backend": per_backend,
+        "accuracy": {
+            "min_cosine": min(a["cosine"] for a in accs) if accs else None,
+            "max_rel_l1": max(a["rel_l1"] for a in accs) if accs else None,
+            "max_abs": max(a["max_abs"] for a in accs) if accs else None,
+        },
+    }
+
+
+def _time_backend(api, backend, case, q, k, v, timer, ref) -> dict:
+    from sageattention.validation.accuracy import errors
+
+    force = (lambda: api.force_backend(backend)) if backend else contextlib.nullcontext
+
+    def call():
+        with force():
+            return api.sageattn(q, k, v, tensor_layout="HND", is_causal=case.causal)
+
+    try:
+        out = call()
+        ran = api.last_backend()
+        if backend is not None and ran != backend:
+            return {"ran": ran, "error": f"forced {backend} but {ran} ran"}
+        result = {"ran": ran}
+        if ref is not None:
+            result["accuracy"] = errors(out, ref).as_dict()
+        del out
+        result["ms"] = timer(call)
+        result["tops"] = tops(case, result["ms"])
+        return result
+    except Exception as exc:  # noqa: BLE001 - one backend failing must not end the benchmark
+        return {"ran": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def format_row(row: dict) -> str:
+    def num(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
+    extra = "".join(f"  {n}={num(r.get('speedup_vs_sdpa'), '.2f')}x"
+                    for n, r in row.get("backends", {}).items())
+    err = f"  ({row['error']})" if row.get("error") else ""
+    return (f"{row['name']:<36} sdpa {num(row['sdpa_tops'], '6.1f')} TOPS  sageattn "
+            f"{num(row.get('sageattn_tops'), '6.1f')} TOPS  {num(row.get('speedup_vs_sdpa'), '.2f')}x"
+            f"  [{row.get('backend') or '-'}]{extra}{err}")
+
+
+def known_backends() -> list[str]:
+    try:
+        from sageattention.backends import BACKEND_NAMES
+    except ImportError:
+        return []
+    return [b for b in BACKEND_NAMES if b != "sdpa"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sageattention.benchmark",
+        description="Time sageattn and each backend against SDPA's default backend on the same "
+                    "inputs (quantization included) and print TOPS, speed-ups and their "
+                    "geometric mean. Attention microbenchmarks, not end-to-end speed-ups.")
+    p.add_argument("--cases", choices=("standard", "wide"), default="standard",
+                   help="standard: the 20 cases of design.md; wide: seq 1024..32768 x d 64/128 "
+                        "x causal, b*n=32768, 32 heads")
+    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["fp16", "bf16"])
+    grid = p.add_argument_group("custom grid (any of these replaces --cases with their product)")
+    grid.add_argument("--batch", nargs="+", type=int)
+    grid.add_argument("--heads", nargs="+", type=int)
+    grid.add_argument("--seq-len", nargs="+", type=int)
+    grid.add_argument("--head-dim", nargs="+", type=int)
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    p.add_argument("--backend", default=None,
+                   help="force the headline sageattn figures to this backend (default: the "
+                        "dispatcher's choice)")
+    p.add_argument("--also", nargs="*", default=None, metavar="BACKEND",
+                   help="other backends to time, forced (default: every known backend except "
+                        "sdpa; those that cannot run here are reported with the reason)")
+    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    return p
+
+
+def cases_from_args(args) -> list[Case]:
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if any(x is not None for x in (args.batch, args.heads, args.seq_len, args.head_dim)):
+        return grid_cases(dtypes=args.dtype, batches=args.batch or [4], heads=args.heads or [32],
+                          seq_lens=args.seq_len or [4096], head_dims=args.head_dim or [128],
+                          causal=causal)
+    make = standard_cases if args.cases == "standard" else wide_cases
+    return [c for c in make(tuple(args.dtype)) if c.causal in causal]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cases = cases_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); the benchmark "
+              "times GPU kernels and needs one", file=sys.stderr)
+        return 2
+    from sageattention.validation.api import Api
+
+    api = Api.from_package()
+    device = torch.device(args.device)
+    others = known_backends() if args.also is None else args.also
+    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+          f"{len(cases)} cases; also timed: {', '.join(others) or 'none'}", flush=True)
+    print(f"{'case':<36} {'SDPA (default)':>19}  {'sageattn':>15}  speed-up  [backend]", flush=True)
+    result = run(cases, api=api, device=device, timer=cuda_timer(args.warmup_ms, args.rep_ms),
+                 primary=args.backend, others=others, accuracy=not args.no_accuracy,
+                 progress=lambda line: print(line, flush=True))
+    g = result["geomean_speedup_vs_sdpa"]
+    print(f"geometric mean speed-up vs SDPA: {g:.3f}x" if g else "geometric mean: n/a")
+    for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():
+        print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
+    if args.json:
+        result["gpu_name"] = torch.cuda.get_device_name(device)
+        result["torch"] = torch.__version__
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Build info carried by a wheel, and the local version label rule.
+
+A wheel built by the factory (or by ``pip install`` from source) contains
+``sageattention/_build_info.json``; a source checkout does not, and then :func:`load`
+returns ``None``.
+
+The local version label names what a wheel was compiled for. It is the one naming rule
+shared by the factory (``scripts/factory/labels.py`` loads this file) and the runtime guard,
+so it lives here, stdlib only, no torch, no package-relative import at module level:
+
+* one SM:     ``sm75.torch2.12cu130``            -> ``2.2.0+sm75.torch2.12cu130``
+* several:    ``sm80.sm86.sm90.torch2.14cu130``  (SMs ascending, each once)
+
+``+PTX`` is not part of the label: the build info's ``sm_targets`` and ``ptx`` say which
+targets embed PTX, and the matrix refuses two cells that differ only in PTX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from importlib import resources
+from typing import Any, Iterable
+
+BUILD_INFO_FILE = "_build_info.json"
+BUILD_INFO_SCHEMA_VERSION = 1
+
+# Python's local version normalization turns '-' and '_' into '.', and lower-cases.
+_LABEL_RE = re.compile(
+    r"^(?P<sms>sm\d+(?:\.sm\d+)*)\.torch(?P<torch_major>\d+)\.(?P<torch_minor>\d+)"
+    r"cu(?P<cuda_major>\d+)(?P<cuda_minor>\d)$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalLabel:
+    """What a wheel is compiled for: SM numbers, torch major.minor, CUDA major.minor."""
+
+    sms: tuple[int, ...]
+    torch: tuple[int, int]
+    cuda: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        if not self.sms:
+            raise ValueError("a local label needs at least one SM (for example sm80)")
+        if list(self.sms) != sorted(set(self.sms)):
+            raise ValueError(f"label SMs must be ascending and unique, got {list(self.sms)}")
+        if not 0 <= self.cuda[1] <= 9:
+            raise ValueError(f"CUDA minor version must be one digit, got {self.cuda[1]}")
+
+    @classmethod
+    def create(cls, sms: Iterable[int], torch_version: str, cuda_version: str) -> "LocalLabel":
+        """Build a label from SM numbers and version strings such as ``2.12.0+cu130``, ``13.0``."""
+        return cls(tuple(sorted(set(int(s) for s in sms))),
+                   _major_minor(torch_version, "torch"), _major_minor(cuda_version, "CUDA"))
+
+    def __str__(self) -> str:
+        sms = ".".join(f"sm{s}" for s in self.sms)
+        return f"{sms}.torch{self.torch[0]}.{self.torch[1]}cu{self.cuda[0]}{self.cuda[1]}"
+
+    @property
+    def cuda_tag(self) -> str:
+        return f"cu{self.cuda[0]}{self.cuda[1]}"
+
+    @classmethod
+    def parse(cls, label: str) -> "LocalLabel":
+        """Parse a label (as written, or as ``packaging`` normalizes it) back to its parts."""
+        normalized = label.lower().replace("-", ".").replace("_", ".")
+        match = _LABEL_RE.match(normalized)
+        if match is None:
+            raise ValueError(
+                f"not a sageattention local label: {label!r}; expected the form "
+                "'sm75.torch2.12cu130' or 'sm80.sm90.torch2.14cu130'")
+        sms = tuple(int(part[2:]) for part in match["sms"].split("."))
+        parsed = cls(sms, (int(match["torch_major"]), int(match["torch_minor"])),
+                     (int(match["cuda_major"]), int(match["cuda_minor"])))
+        return parsed
+
+
+def _major_minor(version: str, what: str) -> tuple[int, int]:
+    match = re.match(r"^\s*(\d+)\.(\d+)", str(version))
+    if match is None:
+        raise ValueError(f"{what} version must look like 'X.Y' or 'X.Y.Z', got {version!r}")
+    return int(match[1]), int(match[2])
+
+
+def wheel_filename(label: LocalLabel, python_tag: str, platform_tag: str,
+                   base_version: str | None = None) -> str:
+    """The wheel file name the factory gives a build of ``label`` (used in guard messages)."""
+    if base_version is None:
+        from ._version import BASE_VERSION as base_version
+    return f"sageattention-{base_version}+{label}-{python_tag}-{python_tag}-{platform_tag}.whl"
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> dict[str, Any] | None:
+    """The wheel's build info, or ``None`` in a source checkout (no build info file)."""
+    try:
+        text = resources.files(__package__).joinpath(BUILD_INFO_FILE).read_text("utf-8")
+    except (FileNotFoundError, OSError):
+        return None
+    info = json.loads(text)
+    if not isinstance(info, dict) or "version" not in info:
+        raise RuntimeError(f"sageattention/{BUILD_INFO_FILE} is malformed: no 'version' field")
+    return info
+
+
+def package_version() -> str:
+    """``__version__``: the wheel's full version (with label), or BASE_VERSION from source."""
+    from ._version import BASE_VERSION
+
+    info = load()
+    return BASE_VERSION if info is None else str(info["version"])

@@ -1,0 +1,267 @@
+"""The public attention functions: validate -> choose a backend -> run it.
+
+Signatures (names, order, defaults) match the SageAttention 2.2 API. Every call validates its
+arguments first (inputs.py), asks dispatch.py for a backend, runs it and records its name for
+`last_backend()`. The SDPA fallback is exact PyTorch SDPA, masks, dropout and autograd included.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from . import dispatch
+from .backends import SDPA, backend
+from .dispatch import BackendChoice, BackendUnavailableError, log_once, record_backend
+from .inputs import (PV_ACCUM_DTYPES_FP8, PV_ACCUM_DTYPES_FP16, QUANTIZATION_BACKENDS, SAGEATTN_KEYWORDS,
+                     AttnCall, check_bool, check_choice, check_varlen, parse_call, resolve_sm_scale,
+                     split_kwargs)
+
+__all__ = ["sageattn", "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp16_triton",
+           "sageattn_qk_int8_pv_fp8_cuda", "sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_varlen"]
+
+# Upstream's CUDA functions accept these two granularities; per_block is the Triton path's.
+CUDA_QK_QUANT_GRANS = ("per_warp", "per_thread")
+_SDPA_KEYWORDS = {name: SAGEATTN_KEYWORDS[name] for name in ("attn_mask", "dropout_p", "scale", "enable_gqa")}
+_FP16_NATIVE = ("cuda-sm80-fp16", "cuda-sm75-fp16")
+_FP8_NATIVE = ("cuda-sm89-fp8",)
+
+# Saved at import so the SDPA fallback still reaches torch while sdpa_compat patches it.
+_torch_sdpa = F.scaled_dot_product_attention
+
+
+# --- running a choice -----------------------------------------------------------------------
+
+_checked_devices: set = set()
+_guard_lock = threading.Lock()
+
+
+def _check_device_once(device: torch.device) -> None:
+    """The build guard must pass before the first native call on each device."""
+    index = device.index
+    if index is None and device.type == "cuda":
+        index = torch.cuda.current_device()
+    key = (device.type, index)
+    if key in _checked_devices:
+        return
+    try:
+        from sageattention import guard
+    except ImportError:  # source checkout without the factory's guard: nothing to check against
+        guard = None
+    if guard is not None:
+        guard.check_device(torch.device(device.type, index) if index is not None else device)
+    with _guard_lock:
+        _checked_devices.add(key)
+
+
+def _to_hnd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t.transpose(1, 2) if layout == "NHD" else t
+
+
+def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
+    """Natural-log LSE of the SDPA scores, HND inputs, in fp32, a block of query rows at a time."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    nq, nk = q.shape[2], k.shape[2]
+    pieces = []
+    for r0 in range(0, nq, 512):
+        s = (q[:, :, r0:r0 + 512].float() @ kf.transpose(-1, -2)) * sm_scale
+        if is_causal:
+            rows = torch.arange(r0, r0 + s.shape[2], device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > rows, -math.inf)
+        if mask is not None:
+            m = mask[..., r0:r0 + 512, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
+            s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
+        pieces.append(torch.logsumexp(s, dim=-1))
+    return torch.cat(pieces, dim=-1)
+
+
+def _run_sdpa(call: AttnCall, q, k, v):
+    p = call.problem
+    qh, kh, vh = (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
+    mask = call.attn_mask
+    dtype = p.dtype
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != dtype:
+        # An fp32 additive mask with fp16/bf16 inputs: run SDPA in fp32 so the mask keeps its precision.
+        qh, kh, vh = qh.float(), kh.float(), vh.float()
+    out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
+                      scale=call.sm_scale, enable_gqa=p.q_heads != p.kv_heads).to(dtype)
+    if p.tensor_layout == "NHD":
+        out = out.transpose(1, 2).contiguous()
+    lse = _sdpa_lse(qh, kh, mask, call.is_causal, call.sm_scale) if call.return_lse else None
+    return out, lse
+
+
+def _run(call: AttnCall, choice: BackendChoice, q, k, v):
+    for note in choice.adjustments:
+        log_once(f"sageattention: {note}")
+    if choice.fallback:
+        log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
+        out, lse = _run_sdpa(call, q, k, v)
+    else:
+        row = backend(choice.name)
+        # Kernels index memory directly; a strided view is copied once rather than read wrongly.
+        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+        if row.kind == "triton":
+            from sageattention import triton as triton_backend
+            out, lse = triton_backend.attention(
+                q, k, v, tensor_layout=call.problem.tensor_layout, is_causal=call.is_causal,
+                attn_mask=call.attn_mask, sm_scale=call.sm_scale, smooth_k=call.smooth_k,
+                return_lse=call.return_lse)
+        else:
+            _check_device_once(q.device)
+            from sageattention import native
+            op = getattr(native, row.op)
+            out, lse = op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
+                          is_causal=call.is_causal, sm_scale=call.sm_scale,
+                          qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
+                          smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
+    record_backend(choice.name)
+    return (out, lse) if call.return_lse else out
+
+
+def _empty_result(call: AttnCall, q):
+    """Nothing to attend over: zeros of q's shape (no keys) or an empty tensor (no queries)."""
+    p = call.problem
+    record_backend(None)
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    if not call.return_lse:
+        return out
+    return out, torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
+
+
+def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True):
+    if call.problem.empty:
+        return _empty_result(call, q)
+    choice = dispatch.choose_for_call(call, candidates=candidates, allow_fallback=allow_fallback)
+    return _run(call, choice, q, k, v)
+
+
+# --- the six public functions ---------------------------------------------------------------
+
+def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
+    """Quantized attention on the best backend for this GPU and build, or exact PyTorch SDPA.
+
+    q `[B, Hq, Nq, D]`, k/v `[B, Hkv, Nk, D]` for tensor_layout="HND" (`[B, N, H, D]` for "NHD");
+    Hq a multiple of Hkv. Keywords: SDPA's `attn_mask`, `dropout_p`, `scale` (alias of sm_scale),
+    `enable_gqa`; upstream's `qk_quant_gran`, `pv_accum_dtype`, `smooth_k`, `smooth_v`. Causal is
+    SDPA's (top-left). Returns the output in q's layout and dtype, or (output, lse) with lse
+    `[B, Hq, Nq]` fp32 (natural log) when return_lse. See `explain()` for the backend it runs.
+    """
+    options = split_kwargs("sageattn", kwargs, SAGEATTN_KEYWORDS)
+    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                      return_lse=return_lse, options=options)
+    return _attend(call, q, k, v)
+
+
+def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_backend="triton",
+                                    is_causal=False, attn_mask=None, sm_scale=None, smooth_k=True,
+                                    return_lse=False, **kwargs):
+    """INT8 QK / FP16 PV attention on the Triton kernels (which take masks); SDPA where the input
+    needs it (CPU, fp32, grad, dropout). `quantization_backend` is accepted for compatibility: the
+    Triton backend always quantizes with its own kernels."""
+    check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
+    options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
+    options.update(attn_mask=attn_mask, smooth_k=smooth_k)
+    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                      return_lse=return_lse, options=options)
+    return _attend(call, q, k, v, candidates=("triton-fp16",), allow_fallback=False)
+
+
+def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_causal, qk_quant_gran,
+                   sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, kwargs):
+    check_choice("qk_quant_gran", qk_quant_gran, CUDA_QK_QUANT_GRANS)
+    check_choice("pv_accum_dtype", pv_accum_dtype, accum_choices)
+    options = split_kwargs(name, kwargs, _SDPA_KEYWORDS)
+    options.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+                   smooth_v=smooth_v)
+    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                      return_lse=return_lse, options=options)
+    return _attend(call, q, k, v, candidates=candidates, allow_fallback=False)
+
+
+def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
+                                  sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False,
+                                  return_lse=False, **kwargs):
+    """INT8 QK / FP16 PV attention on the native CUDA kernels (sm80 family, else sm75 family).
+
+    pv_accum_dtype: "fp32", "fp16+fp32" (fp16 inside a K block, fp32 across) or "fp16". Where the
+    installed family lacks the granularity or accumulator asked for, its own is used and a warning
+    is logged once. No compiled family for this GPU: BackendUnavailableError naming what the build
+    contains. Inputs that need SDPA (mask, CPU, fp32, grad, dropout) fall back with a logged reason.
+    """
+    return _cuda_function("sageattn_qk_int8_pv_fp16_cuda", _FP16_NATIVE, PV_ACCUM_DTYPES_FP16, q, k, v,
+                          tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
+                          smooth_v, return_lse, kwargs)
+
+
+def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
+                                 sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
+                                 return_lse=False, **kwargs):
+    """INT8 QK / FP8 (e4m3) PV attention on the native sm89 family (sm89 and sm90 GPUs).
+
+    pv_accum_dtype: "fp32+fp16", "fp32+fp32" (two-level) or "fp32". Errors and fallbacks as
+    sageattn_qk_int8_pv_fp16_cuda.
+    """
+    return _cuda_function("sageattn_qk_int8_pv_fp8_cuda", _FP8_NATIVE, PV_ACCUM_DTYPES_FP8, q, k, v,
+                          tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
+                          smooth_v, return_lse, kwargs)
+
+
+def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False,
+                                      qk_quant_gran="per_thread", sm_scale=None, pv_accum_dtype="fp32+fp32",
+                                      smooth_k=True, return_lse=False, **kwargs):
+    """Upstream's sm90 entry point. This build runs it on the sm89 FP8 family, which serves sm90."""
+    return _cuda_function("sageattn_qk_int8_pv_fp8_cuda_sm90", _FP8_NATIVE, PV_ACCUM_DTYPES_FP8, q, k, v,
+                          tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
+                          False, return_lse, kwargs)
+
+
+def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
+                    sm_scale=None, smooth_k=True, **kwargs):
+    """Attention over packed sequences: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`, sequence i
+    being rows `cu_seqlens[i]:cu_seqlens[i+1]`. Runs the Triton varlen kernel where it can, else
+    SDPA per sequence. Causal is top-left within each sequence (SDPA's is_causal)."""
+    options = split_kwargs("sageattn_varlen", kwargs, {"scale": None})
+    problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    is_causal = check_bool("is_causal", is_causal)
+    smooth_k = check_bool("smooth_k", smooth_k)
+    scale = resolve_sm_scale(sm_scale, options["scale"], problem.head_dim)
+    req = dispatch.Request(device_type=problem.device.type,
+                           capability=dispatch.device_capability(problem.device), dtype=problem.dtype,
+                           head_dim=problem.head_dim, requires_grad=problem.requires_grad)
+    forced = dispatch.forced_backend()
+    choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
+                             allow_fallback=True, forced=forced)
+    if q.shape[0] == 0:
+        record_backend(None)
+        return torch.zeros_like(q)
+    if not choice.fallback:
+        from sageattention import triton as triton_backend
+        out = triton_backend.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
+            sm_scale=scale, smooth_k=smooth_k)
+        record_backend(choice.name)
+        return out
+    log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
+    pieces = []
+    for (q0, q1), (k0, k1) in zip(zip(problem.q_offsets, problem.q_offsets[1:]),
+                                  zip(problem.k_offsets, problem.k_offsets[1:])):
+        if q1 == q0:
+            continue
+        if k1 == k0:  # queries with no keys attend to nothing
+            pieces.append(torch.zeros_like(q[q0:q1]))
+            continue
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=scale,
+                        enable_gqa=problem.q_heads != problem.kv_heads)
+        pieces.append(o[0].transpose(0, 1))
+    record_backend(SDPA)
+    return torch.cat(pieces, dim=0)
+
+
+# Re-exported for callers that catch it.
+BackendUnavailableError = BackendUnavailableError

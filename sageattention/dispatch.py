@@ -1,0 +1,353 @@
+"""Backend selection: which backend a call runs, and why. Also the force and explain API.
+
+`choose()` is a pure function of the call's needs (`Request`), what the installed build contains
+(`Inventory`) and the GPU's compute capability; it walks the capability table in `backends.py`.
+The tensor-level helpers (`select_backend`, `explain`) only gather those inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from . import backends
+from .backends import SDPA, Backend
+from .inputs import SAGEATTN_KEYWORDS, AttnCall, parse_call, split_kwargs
+
+__all__ = ["BackendChoice", "BackendUnavailableError", "Inventory", "Request", "choose", "explain",
+           "force_backend", "forced_backend", "last_backend", "select_backend"]
+
+ENV_VAR = "SAGEATTENTION_BACKEND"
+logger = logging.getLogger("sageattention")
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend that was asked for (forced, or named by a kernel-specific function) cannot run."""
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What the installed build can run: native family -> None (usable) or the reason it is not;
+    Triton: (usable, reason)."""
+
+    native: dict
+    triton: tuple[bool, str]
+
+    def contents(self) -> str:
+        usable = [f for f, why in self.native.items() if why is None]
+        text = "native families " + (", ".join(usable) if usable else "none")
+        return text + ("; Triton kernels" if self.triton[0] else f"; no Triton ({self.triton[1]})")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one call needs from a backend, without the tensors."""
+
+    device_type: str
+    capability: tuple[int, int] | None
+    dtype: torch.dtype
+    head_dim: int
+    has_mask: bool = False
+    requires_grad: bool = False
+    dropout: bool = False
+    qk_quant_gran: str | None = None
+    pv_accum_dtype: str | None = None
+    smooth_v: bool = False
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend a call runs (`name`), why (`reason`), whether it is the SDPA fallback, and the
+    resolved kernel options (None for SDPA)."""
+
+    name: str
+    reason: str
+    fallback: bool
+    qk_quant_gran: str | None = None
+    pv_accum_dtype: str | None = None
+    adjustments: tuple[str, ...] = field(default_factory=tuple)
+
+    def sentence(self) -> str:
+        if self.fallback:
+            return f"falls back to PyTorch SDPA because {self.reason}"
+        options = ""
+        if self.qk_quant_gran or self.pv_accum_dtype:
+            options = f" (qk_quant_gran={self.qk_quant_gran!r}, pv_accum_dtype={self.pv_accum_dtype!r})"
+        text = f"runs backend {self.name!r}{options}: {self.reason}"
+        if self.adjustments:
+            text += "; adjusted: " + "; ".join(self.adjustments)
+        return text
+
+    __str__ = sentence
+
+
+# --- what the machine has -------------------------------------------------------------------
+
+@functools.cache
+def _native_state() -> dict:
+    families = backends.load_families()
+    try:
+        from sageattention import native
+        state = dict(native.available_families())
+    except Exception as exc:  # no compiled kernels (source checkout, CPU-only build, broken wheel)
+        return {f: f"sageattention.native is unusable ({type(exc).__name__}: {exc})" for f in families}
+    return {f: state.get(f, "not in this build") for f in families}
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_state(device_index: int | None) -> tuple[bool, str]:
+    try:
+        from sageattention import triton as triton_backend
+        return triton_backend.is_available(device_index)
+    except Exception as exc:
+        return False, f"sageattention.triton is unusable ({type(exc).__name__}: {exc})"
+
+
+def current_inventory(device: torch.device | None = None) -> Inventory:
+    """The installed build's backends, probed once per process (and per device for Triton)."""
+    index = device.index if device is not None and device.type == "cuda" else None
+    if device is not None and device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return Inventory(native=_native_state(), triton=_triton_state(index))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device_index))
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    if device.type != "cuda":
+        return None
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# --- forcing --------------------------------------------------------------------------------
+
+_forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("sageattention_forced", default=None)
+
+
+def _check_name(name, source: str) -> str:
+    if name not in backends.BACKEND_NAMES:
+        raise ValueError(f"{source}={name!r} is not a backend; use one of: {', '.join(backends.BACKEND_NAMES)}")
+    return name
+
+
+@contextlib.contextmanager
+def force_backend(name: str):
+    """Run every sageattention call in this context on backend `name`, or raise
+    BackendUnavailableError where it cannot run. No silent fallback."""
+    token = _forced.set(_check_name(name, "force_backend(name)"))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def forced_backend(env=None) -> str | None:
+    """The forced backend: force_backend() first, then the SAGEATTENTION_BACKEND variable."""
+    name = _forced.get()
+    if name is not None:
+        return name
+    value = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+    return _check_name(value, ENV_VAR) if value else None
+
+
+# --- last backend (thread-local) ------------------------------------------------------------
+
+_last = threading.local()
+
+
+def record_backend(name: str | None) -> None:
+    _last.name = name
+
+
+def last_backend() -> str | None:
+    """Name of the backend the last sageattention call in this thread actually ran (None: none yet,
+    or the call had nothing to compute)."""
+    return getattr(_last, "name", None)
+
+
+# --- the rule -------------------------------------------------------------------------------
+
+def _input_reason(req: Request, candidates: tuple[Backend, ...]) -> str | None:
+    """Why the input itself needs SDPA whatever is installed, or None."""
+    if req.device_type != "cuda":
+        return f"the inputs are on {req.device_type}; the quantized kernels need a CUDA GPU"
+    if req.dtype not in (torch.float16, torch.bfloat16):
+        return f"the inputs are {req.dtype}; the quantized kernels take float16 and bfloat16"
+    if req.requires_grad:
+        return "the inputs require grad; the quantized kernels are forward-only"
+    if req.dropout:
+        return "dropout_p > 0; the quantized kernels have no dropout"
+    if req.has_mask and not any(b.takes_mask for b in candidates):
+        return "an attention mask was given; the native kernels take no mask"
+    dims = [b.head_dims for b in candidates if b.head_dims is not None]
+    if dims and not any(req.head_dim in d for d in dims):
+        return f"head dim {req.head_dim} is not covered by the kernels ({_dims(dims)})"
+    return None
+
+
+def _dims(dims) -> str:
+    sizes, spans = set(), set()
+    for d in dims:
+        if isinstance(d, range):
+            spans.add(f"{d.start}..{d.stop - 1}")
+        else:
+            sizes.update(d)
+    return ", ".join([str(x) for x in sorted(sizes)] + sorted(spans))
+
+
+def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[str]]:
+    """(hard reasons b cannot run this call, option mismatches that a substitution would fix)."""
+    hard, options = [], []
+    if b.kind == "sdpa":
+        return hard, options
+    if req.device_type != "cuda":
+        hard.append(f"needs a CUDA tensor, got {req.device_type}")
+    elif not b.serves(req.capability):
+        served = ", ".join(f"sm{a}{c}" for a, c in sorted(b.capabilities)) or \
+            f"sm{b.min_capability[0]}{b.min_capability[1]}+"
+        hard.append(f"compute capability {req.capability[0]}.{req.capability[1]} is not served ({served})")
+    if b.kind == "native" and inv.native.get(b.family, "not in this build") is not None:
+        hard.append(f"family {b.family} unavailable: {inv.native.get(b.family, 'not in this build')}")
+    if b.kind == "triton" and not inv.triton[0]:
+        hard.append(f"Triton unavailable: {inv.triton[1]}")
+    if req.dtype not in b.dtypes:
+        hard.append(f"dtype {req.dtype} not supported")
+    if b.head_dims is not None and req.head_dim not in b.head_dims:
+        hard.append(f"head dim {req.head_dim} not covered ({_dims([b.head_dims])})")
+    if req.has_mask and not b.takes_mask:
+        hard.append("takes no attention mask")
+    if req.requires_grad and not b.takes_grad:
+        hard.append("forward only (inputs require grad)")
+    if req.dropout and not b.takes_dropout:
+        hard.append("no dropout")
+    if req.qk_quant_gran is not None and req.qk_quant_gran not in b.qk_quant_grans:
+        options.append(f"qk_quant_gran={req.qk_quant_gran!r} is not provided by {b.name} "
+                       f"(it has {', '.join(b.qk_quant_grans)}); using {b.qk_quant_grans[0]!r}")
+    if req.pv_accum_dtype is not None and req.pv_accum_dtype not in b.pv_accum_dtypes:
+        options.append(f"pv_accum_dtype={req.pv_accum_dtype!r} is not provided by {b.name} "
+                       f"(it has {', '.join(b.pv_accum_dtypes)}); using {b.default_pv_accum_dtype!r}")
+    if req.smooth_v and not b.takes_smooth_v:
+        options.append(f"smooth_v=True is not provided by {b.name}; V is not smoothed")
+    return hard, options
+
+
+def _native_choice(b: Backend, req: Request, reason: str, adjustments=()) -> BackendChoice:
+    gran = req.qk_quant_gran if req.qk_quant_gran in b.qk_quant_grans else b.qk_quant_grans[0]
+    accum = req.pv_accum_dtype if req.pv_accum_dtype in b.pv_accum_dtypes else b.default_pv_accum_dtype
+    return BackendChoice(b.name, reason, False, gran, accum, tuple(adjustments))
+
+
+def choose(req: Request, inv: Inventory, *, candidates: tuple[str, ...] | None = None,
+           allow_fallback: bool = True, forced: str | None = None) -> BackendChoice:
+    """Pick the backend for one call.
+
+    candidates: the quantized backends the calling function may use (None: all; `sageattn`).
+    allow_fallback: whether no fitting candidate means SDPA (`sageattn`) or an error unless the input
+    itself needs SDPA (the kernel-specific functions).
+    forced: a backend name that must be used, or BackendUnavailableError.
+    """
+    order = [n for n in backends.preference_order(req.capability) if n != SDPA]
+    if candidates is not None:
+        order = [n for n in order if n in candidates]
+    rows = tuple(backends.backend(n) for n in order)
+    if forced is not None:
+        return _forced_choice(forced, req, inv, candidates)
+
+    skipped = []
+    for relax in (False, True):
+        for b in rows:
+            hard, options = _misfits(b, req, inv)
+            if hard or (options and not relax):
+                if not relax:
+                    skipped.append(f"{b.name}: {'; '.join(hard + options)}")
+                continue
+            gpu = f"sm{req.capability[0]}{req.capability[1]}"
+            why = f"first usable backend for {gpu} in the order {', '.join(order)}"
+            if skipped:
+                why += " (skipped " + " | ".join(skipped) + ")"
+            return _native_choice(b, req, why, options)
+
+    input_reason = _input_reason(req, rows or tuple(backends.backend(n) for n in (candidates or ())))
+    if input_reason is not None:
+        return BackendChoice(SDPA, input_reason, True)
+    detail = " | ".join(skipped) if skipped else "no quantized backend is listed for this GPU"
+    if not allow_fallback:
+        wanted = ", ".join(candidates or ()) or "none"
+        raise BackendUnavailableError(
+            f"no compiled backend provides this operation here (wanted {wanted}): {detail}. "
+            f"The installed build contains: {inv.contents()}. Install the wheel built for this GPU, "
+            "or call sageattn(), which falls back to PyTorch SDPA.")
+    return BackendChoice(SDPA, f"no quantized backend fits: {detail}", True)
+
+
+def _forced_choice(name: str, req: Request, inv: Inventory, candidates) -> BackendChoice:
+    source = f"forced by force_backend({name!r}) or {ENV_VAR}"
+    if name == SDPA:
+        return BackendChoice(SDPA, source, True)
+    if candidates is not None and name not in candidates:
+        raise BackendUnavailableError(f"backend {name!r} is forced, but this function runs only "
+                                      f"{', '.join(candidates)} (or SDPA)")
+    b = backends.backend(name)
+    hard, options = _misfits(b, req, inv)
+    if hard:
+        raise BackendUnavailableError(f"backend {name!r} is forced but cannot run this call: "
+                                      f"{'; '.join(hard)}. The installed build contains: {inv.contents()}")
+    return _native_choice(b, req, source, options)
+
+
+# --- tensor-level API -----------------------------------------------------------------------
+
+def request_for(call: AttnCall) -> Request:
+    p = call.problem
+    return Request(device_type=p.device.type, capability=device_capability(p.device), dtype=p.dtype,
+                   head_dim=p.head_dim, has_mask=call.attn_mask is not None, requires_grad=p.requires_grad,
+                   dropout=call.dropout_p > 0, qk_quant_gran=call.qk_quant_gran,
+                   pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v)
+
+
+def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True) -> BackendChoice:
+    req = request_for(call)
+    inv = current_inventory(call.problem.device)
+    return choose(req, inv, candidates=candidates, allow_fallback=allow_fallback, forced=forced_backend())
+
+
+def select_backend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
+                   **kwargs) -> BackendChoice:
+    """The backend `sageattn(q, k, v, ...)` would run with these arguments, and why.
+
+    Takes exactly sageattn's arguments; raises the same ValueError/TypeError for bad input.
+    """
+    options = split_kwargs("select_backend", kwargs, SAGEATTN_KEYWORDS)
+    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                      return_lse=return_lse, options=options)
+    return choose_for_call(call)
+
+
+def explain(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
+            **kwargs) -> str:
+    """A sentence saying which backend sageattn would run for these arguments, and why."""
+    choice = select_backend(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, **kwargs)
+    return f"sageattn {choice.sentence()}"
+
+
+_logged: set[str] = set()
+_log_lock = threading.Lock()
+
+
+def log_once(message: str) -> None:
+    """Log a fallback reason or an option adjustment once per distinct message."""
+    with _log_lock:
+        if message in _logged:
+            return
+        _logged.add(message)
+    logger.warning(message)

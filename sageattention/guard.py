@@ -1,0 +1,172 @@
+"""Runtime guard: refuse a wheel in an environment it was not built for, in words.
+
+A wheel compiled against torch 2.12 + CUDA 13 fails under torch 2.14 with ``undefined
+symbol`` at best; this guard turns that into a sentence naming the mismatch and the wheel
+to install instead. Without build info (a source checkout) every check is a no-op.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Mapping
+
+from . import build_info
+
+
+class IncompatibleBuildError(RuntimeError):
+    """This sageattention build cannot run here (torch, CUDA or GPU mismatch)."""
+
+
+_checked_devices: set[int] = set()
+_lock = threading.Lock()
+
+
+def _torch_facts() -> tuple[str, str | None]:
+    import torch
+
+    return torch.__version__, torch.version.cuda
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    parts = version.split("+")[0].split(".")
+    return int(parts[0]), int(parts[1])
+
+
+def _platform_tag(info: Mapping[str, Any]) -> str:
+    """The installed wheel's platform tag (manylinux_..., from its WHEEL file), else the
+    build platform recorded in the build info."""
+    try:
+        from importlib import metadata
+
+        wheel = metadata.distribution("sageattention").read_text("WHEEL") or ""
+        for line in wheel.splitlines():
+            if line.startswith("Tag:"):
+                return line.split(":", 1)[1].strip().split("-")[-1]
+    except Exception:  # noqa: BLE001 - not installed as a wheel (editable, vendored)
+        pass
+    return str(info.get("platform", "linux_x86_64"))
+
+
+def _python_tag() -> str:
+    return f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
+def suggested_wheel(info: Mapping[str, Any], *, sms: list[int] | None = None,
+                    torch_version: str | None = None, cuda: str | None = None) -> str:
+    """The wheel file name that would fit: this wheel's targets (or ``sms``) for the given
+    torch and CUDA, this interpreter, this platform."""
+    current = build_info.LocalLabel.parse(str(info["local_label"]))
+    label = build_info.LocalLabel.create(
+        sms if sms is not None else current.sms,
+        torch_version or f"{current.torch[0]}.{current.torch[1]}",
+        cuda or f"{current.cuda[0]}.{current.cuda[1]}")
+    base = str(info["version"]).split("+")[0]
+    return build_info.wheel_filename(label, _python_tag(), _platform_tag(info), base)
+
+
+def _how_to_get(wheel: str, sms: list[int]) -> str:
+    targets = ";".join(f"sm{s}" for s in sms)
+    return (f"Install {wheel} instead (pick it from a release with scripts/pick_wheel.py), or "
+            f"build one here: SAGEATTENTION_SM_TARGETS='{targets}' pip install "
+            "--no-build-isolation sageattention-<version>.tar.gz")
+
+
+def import_problem(info: Mapping[str, Any] | None, torch_version: str,
+                   torch_cuda: str | None) -> str | None:
+    """Why this build cannot be imported with this torch, or None when it can."""
+    if info is None:
+        return None
+    built_torch = _major_minor(str(info["torch"]))
+    built_cuda = str(info["cuda"])
+    sms = [int(t.split("+")[0][2:]) for t in info["sm_targets"]]
+    name = f"sageattention {info['version']}"
+    if torch_cuda is None:
+        return (f"{name} was built for torch {built_torch[0]}.{built_torch[1]} with CUDA "
+                f"{built_cuda}, but the installed torch {torch_version} is a CPU-only build. "
+                f"Install a CUDA {built_cuda} build of torch=={built_torch[0]}.{built_torch[1]}.*"
+                f" (for example from https://download.pytorch.org/whl/cu"
+                f"{built_cuda.replace('.', '')}).")
+    problems = []
+    if _major_minor(torch_version) != built_torch:
+        problems.append(f"torch {built_torch[0]}.{built_torch[1]} (installed: {torch_version})")
+    if int(torch_cuda.split(".")[0]) != int(built_cuda.split(".")[0]):
+        problems.append(f"CUDA {built_cuda} (installed torch uses CUDA {torch_cuda})")
+    if not problems:
+        return None
+    wheel = suggested_wheel(info, torch_version=torch_version, cuda=torch_cuda)
+    return (f"{name} was built for {' and '.join(problems)}; its compiled kernels cannot load "
+            f"here. {_how_to_get(wheel, sms)}")
+
+
+def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | None:
+    """How this build runs on a GPU of ``capability``: 'sm80 SASS', 'compute_75 PTX (JIT)',
+    or None when it cannot. SASS runs on the same major and an equal or higher minor; PTX
+    runs (JIT-compiled by the driver) on any equal or newer GPU."""
+    major, minor = capability
+    device = major * 10 + minor
+    for target in info.get("sm_targets", []):
+        sm = int(target.split("+")[0][2:])
+        if sm // 10 == major and sm % 10 <= minor:
+            return f"sm{sm} SASS"
+    for ptx in sorted(info.get("ptx", []), reverse=True):
+        if int(ptx.split("_")[1]) <= device:
+            return f"{ptx} PTX (JIT-compiled by the driver)"
+    return None
+
+
+def device_problem(info: Mapping[str, Any] | None, capability: tuple[int, int],
+                   device_name: str = "this GPU") -> str | None:
+    if info is None or served_by(info, capability) is not None:
+        return None
+    sm = capability[0] * 10 + capability[1]
+    targets = ", ".join(info.get("sm_targets", [])) or "none"
+    ptx = ", ".join(info.get("ptx", [])) or "none"
+    wheel = suggested_wheel(info, sms=[sm])
+    return (f"sageattention {info['version']} has kernels for {targets} (embedded PTX: {ptx}),"
+            f" which cannot run on {device_name} (sm{sm}). {_how_to_get(wheel, [sm])}")
+
+
+def _running_diagnostics() -> bool:
+    # `python -m sageattention` imports the package first; it must still be able to print
+    # the verdict, so the import check only records the problem there.
+    argv = getattr(sys, "orig_argv", [])
+    for i, arg in enumerate(argv):
+        if arg == "-m" and argv[i + 1:i + 2] == ["sageattention"]:
+            return True
+        if arg == "-msageattention":
+            return True
+    return False
+
+
+def check_import() -> None:
+    """Called when the package is imported. Raises IncompatibleBuildError on a torch/CUDA
+    mismatch; no-op in a source checkout."""
+    info = build_info.load()
+    if info is None:
+        return
+    problem = import_problem(info, *_torch_facts())
+    if problem and not _running_diagnostics():
+        raise IncompatibleBuildError(problem)
+
+
+def check_device(device: Any) -> None:
+    """Called before the first native call on ``device``; raises IncompatibleBuildError when
+    this build's SM targets (and embedded PTX) cannot serve that GPU."""
+    info = build_info.load()
+    if info is None:
+        return
+    import torch
+
+    index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    if index in _checked_devices:
+        return
+    capability = torch.cuda.get_device_capability(index)
+    problem = device_problem(info, capability, f"{torch.cuda.get_device_name(index)} "
+                                               f"(cuda:{index})")
+    if problem:
+        raise IncompatibleBuildError(problem)
+    with _lock:
+        _checked_devices.add(index)

@@ -1,0 +1,275 @@
+"""Argument validation for the public API: every bad input fails here, before any kernel launch.
+
+Each check raises ValueError (bad value or shape) or TypeError (bad type or dtype) with a message
+that names the argument, what it was, and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+TENSOR_LAYOUTS = ("HND", "NHD")
+QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
+PV_ACCUM_DTYPES_FP16 = ("fp32", "fp16+fp32", "fp16")
+PV_ACCUM_DTYPES_FP8 = ("fp32+fp16", "fp32+fp32", "fp32")
+PV_ACCUM_DTYPES = tuple(dict.fromkeys(PV_ACCUM_DTYPES_FP16 + PV_ACCUM_DTYPES_FP8))
+QUANTIZATION_BACKENDS = ("triton", "cuda")
+
+_warned_kwargs: set[str] = set()
+
+
+@dataclass(frozen=True)
+class AttnProblem:
+    """The validated shape of one attention call, always described in HND terms."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    tensor_layout: str
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @property
+    def empty(self) -> bool:
+        return self.batch == 0 or self.q_heads == 0 or self.q_len == 0 or self.kv_len == 0 \
+            or self.head_dim == 0
+
+
+def check_choice(name: str, value, accepted) -> str:
+    """Return value if it is one of the accepted strings, else raise naming them all."""
+    if not isinstance(value, str) or value not in accepted:
+        listed = ", ".join(repr(a) for a in accepted)
+        shown = repr(value) if isinstance(value, (str, int, float, type(None))) else f"<{type(value).__name__}>"
+        raise ValueError(f"{name}={shown} is not accepted; use one of: {listed}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, int)) or isinstance(value, float):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def split_kwargs(func_name: str, kwargs: dict, known: dict) -> dict:
+    """Return the known keywords (defaults filled in); warn once per unknown keyword name."""
+    resolved = dict(known)
+    for name, value in kwargs.items():
+        if name in known:
+            resolved[name] = value
+        elif name not in _warned_kwargs:
+            _warned_kwargs.add(name)
+            warnings.warn(f"{func_name}() ignores the unknown keyword argument {name!r}; accepted extra "
+                          f"keywords are: {', '.join(sorted(known))}", UserWarning, stacklevel=3)
+    return resolved
+
+
+def _check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) -> AttnProblem:
+    """Validate 4-D q/k/v in `tensor_layout`; enable_gqa=False (SDPA's keyword) forbids Hq != Hkv."""
+    if isinstance(tensor_layout, torch.Tensor):
+        raise ValueError("tensor_layout (sageattn's 4th positional argument) got a tensor; pass a mask as "
+                         "attn_mask=..., or use sageattention.scaled_dot_product_attention for SDPA's "
+                         "positional order")
+    check_choice("tensor_layout", tensor_layout, TENSOR_LAYOUTS)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+        if t.dim() != 4:
+            axes = "[batch, heads, tokens, head_dim]" if tensor_layout == "HND" else \
+                "[batch, tokens, heads, head_dim]"
+            raise ValueError(f"{name} must be 4-D {axes} for tensor_layout={tensor_layout!r}, "
+                             f"got shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k, v must be floating point (float16, bfloat16, float32, float64), got {q.dtype}")
+    h_ax, n_ax = (1, 2) if tensor_layout == "HND" else (2, 1)
+    b, hq, nq, d = q.shape[0], q.shape[h_ax], q.shape[n_ax], q.shape[3]
+    hkv, nk = k.shape[h_ax], k.shape[n_ax]
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[3] != d or v.shape[3] != d:
+        raise ValueError(f"head dims differ: q {d}, k {k.shape[3]}, v {v.shape[3]} (they must be equal)")
+    if v.shape[n_ax] != nk:
+        raise ValueError(f"k and v token counts differ: k {nk}, v {v.shape[n_ax]}")
+    if v.shape[h_ax] != hkv:
+        raise ValueError(f"k and v head counts differ: k {hkv}, v {v.shape[h_ax]}")
+    if hkv == 0 and hq != 0 or hkv and hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    if enable_gqa is False and hq != hkv:
+        raise ValueError(f"enable_gqa=False but query heads ({hq}) != key/value heads ({hkv}); "
+                         "pass enable_gqa=True (or omit it) for GQA/MQA")
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return AttnProblem(b, hq, hkv, nq, nk, d, tensor_layout, q.dtype, q.device, requires_grad)
+
+
+def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
+    """Validate an SDPA-style mask: bool (True = attend) or additive float, broadcastable to
+    [batch, q_heads, q_len, kv_len] (HND terms, whatever the tensor_layout)."""
+    if attn_mask is None:
+        return None
+    _check_tensor("attn_mask", attn_mask)
+    if is_causal:
+        raise ValueError("attn_mask and is_causal=True cannot be combined (as in SDPA); "
+                         "fold the causal pattern into the mask instead")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in (problem.dtype, torch.float32):
+        raise TypeError(f"attn_mask dtype {attn_mask.dtype} is not accepted; use torch.bool "
+                        f"(True = attend), {problem.dtype} (additive) or torch.float32 (additive)")
+    if attn_mask.device != problem.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {problem.device}")
+    target = (problem.batch, problem.q_heads, problem.q_len, problem.kv_len)
+    try:
+        ok = attn_mask.dim() <= 4 and torch.broadcast_shapes(attn_mask.shape, target) == target
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"[batch, q_heads, q_len, kv_len] = {list(target)}")
+    return attn_mask
+
+
+def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
+    """sm_scale and SDPA's `scale` are aliases; both given and different is an error."""
+    for name, value in (("sm_scale", sm_scale), ("scale", scale)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"{name} must be a real number or None, got {type(value).__name__}")
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{name} must be finite, got {value}")
+    if sm_scale is not None and scale is not None and float(sm_scale) != float(scale):
+        raise ValueError(f"sm_scale={sm_scale} and scale={scale} disagree; pass one of them")
+    chosen = sm_scale if sm_scale is not None else scale
+    return float(chosen) if chosen is not None else (head_dim ** -0.5 if head_dim else 1.0)
+
+
+def check_dropout(dropout_p) -> float:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
+    return float(dropout_p)
+
+
+def _check_cu_seqlens(name: str, cu, total: int, device: torch.device) -> list[int]:
+    _check_tensor(name, cu)
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must be a 1-D tensor [batch + 1] of offsets, got shape {tuple(cu.shape)}")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be torch.int32 (or int64), got {cu.dtype}")
+    if cu.device.type != "cpu" and cu.device != device:
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}")
+    offsets = cu.tolist()
+    if offsets[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {offsets[0]}")
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise ValueError(f"{name} must be non-decreasing, got {offsets}")
+    if offsets[-1] != total:
+        raise ValueError(f"{name} must end at the total token count {total}, got {offsets[-1]}")
+    return offsets
+
+
+@dataclass(frozen=True)
+class VarlenProblem:
+    q_offsets: tuple[int, ...]
+    k_offsets: tuple[int, ...]
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenProblem:
+    """Validate packed varlen inputs: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D [total_tokens, heads, head_dim] for sageattn_varlen, "
+                             f"got shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k, v must be floating point, got {q.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    hq, d, hkv = q.shape[1], q.shape[2], k.shape[1]
+    if k.shape[2] != d:
+        raise ValueError(f"head dims differ: q {d}, k/v {k.shape[2]}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+    k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    if len(q_off) != len(k_off):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe different batch sizes: "
+                         f"{len(q_off) - 1} vs {len(k_off) - 1}")
+    for name, limit, off in (("max_seqlen_q", max_seqlen_q, q_off), ("max_seqlen_k", max_seqlen_k, k_off)):
+        if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(limit).__name__}")
+        longest = max((b - a for a, b in zip(off, off[1:])), default=0)
+        if limit < longest:
+            raise ValueError(f"{name}={limit} is smaller than the longest sequence ({longest})")
+    requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return VarlenProblem(tuple(q_off), tuple(k_off), hq, hkv, d, q.dtype, q.device, requires_grad)
+
+
+# SDPA's keywords (honoured, never dropped) and upstream's tuning keywords that sageattn accepts.
+SAGEATTN_KEYWORDS = {"attn_mask": None, "dropout_p": 0.0, "scale": None, "enable_gqa": None,
+                     "qk_quant_gran": None, "pv_accum_dtype": None, "smooth_k": True, "smooth_v": False}
+
+
+@dataclass(frozen=True, eq=False)
+class AttnCall:
+    """One validated attention call: the problem plus every resolved option."""
+
+    problem: AttnProblem
+    is_causal: bool
+    sm_scale: float
+    return_lse: bool
+    attn_mask: torch.Tensor | None
+    dropout_p: float
+    qk_quant_gran: str | None      # None: the backend's default
+    pv_accum_dtype: str | None     # None: the backend's default
+    smooth_k: bool
+    smooth_v: bool
+
+
+def parse_call(q, k, v, *, tensor_layout, is_causal, sm_scale, return_lse, options: dict,
+               qk_quant_grans=QK_QUANT_GRANS, pv_accum_dtypes=PV_ACCUM_DTYPES) -> AttnCall:
+    """Validate everything about a dense attention call; `options` holds SAGEATTN_KEYWORDS."""
+    enable_gqa = options.get("enable_gqa")
+    if enable_gqa is not None:
+        enable_gqa = check_bool("enable_gqa", enable_gqa)
+    problem = check_qkv(q, k, v, tensor_layout, enable_gqa=enable_gqa)
+    is_causal = check_bool("is_causal", is_causal)
+    return_lse = check_bool("return_lse", return_lse)
+    mask = check_mask(options.get("attn_mask"), problem, is_causal)
+    gran = options.get("qk_quant_gran")
+    if gran is not None:
+        check_choice("qk_quant_gran", gran, qk_quant_grans)
+    accum = options.get("pv_accum_dtype")
+    if accum is not None:
+        check_choice("pv_accum_dtype", accum, pv_accum_dtypes)
+    return AttnCall(
+        problem=problem, is_causal=is_causal,
+        sm_scale=resolve_sm_scale(sm_scale, options.get("scale"), problem.head_dim),
+        return_lse=return_lse, attn_mask=mask, dropout_p=check_dropout(options.get("dropout_p", 0.0)),
+        qk_quant_gran=gran, pv_accum_dtype=accum,
+        smooth_k=check_bool("smooth_k", options.get("smooth_k", True)),
+        smooth_v=check_bool("smooth_v", options.get("smooth_v", False)))

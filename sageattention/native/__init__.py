@@ -1,0 +1,138 @@
+"""The native (compiled) kernel families: which are in this installation, and how to call them.
+
+Each family in ``families.json`` is one extension module, ``sageattention._kernels_<family>``,
+wrapped by ``sageattention.native.<family>`` (see docs/kernels.md). A family whose extension is
+missing simply is "not in this wheel": :func:`available_families` says why, and the dispatcher
+chooses another backend. Nothing here imports torch or an extension until a family is asked for.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from importlib import resources
+from types import ModuleType
+from typing import Any
+
+__all__ = ["FAMILIES", "available_families", "family_module", "qk_int8_pv_fp16", "qk_int8_pv_fp8"]
+
+
+def _read_families() -> dict[str, dict[str, Any]]:
+    text = resources.files(__name__).joinpath("families.json").read_text(encoding="utf-8")
+    return json.loads(text)["families"]
+
+
+#: family name -> its entry in families.json ("extension", "serves", "ops", "head_dims", ...)
+FAMILIES: dict[str, dict[str, Any]] = _read_families()
+
+_lock = threading.Lock()
+_status: dict[str, str | None] = {}  # family -> None (loaded) or the reason it is unusable
+_modules: dict[str, ModuleType] = {}  # loaded family modules
+
+
+def _check_family(family: str) -> None:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; known families: {sorted(FAMILIES)}")
+
+
+def family_module(family: str) -> ModuleType:
+    """Return ``sageattention.native.<family>`` with its extension loaded.
+
+    Raises ValueError for an unknown family and ImportError (with the reason) when the family's
+    extension is not usable in this installation.
+    """
+    module = _modules.get(family)  # fast path, lock-free so torch.compile can trace through it
+    if module is not None:
+        return module
+    _check_family(family)
+    reason = available_families().get(family)
+    if reason is not None:
+        raise ImportError(f"kernel family {family} is not available: {reason}")
+    module = importlib.import_module(f"{__name__}.{family}")
+    _modules[family] = module
+    return module
+
+
+def _load(family: str) -> str | None:
+    try:
+        module = importlib.import_module(f"{__name__}.{family}")
+    except ImportError as exc:
+        return f"the Python wrapper {__name__}.{family} could not be imported: {exc}"
+    try:
+        module.load()
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+def available_families() -> dict[str, str | None]:
+    """Map each family to None when its extension is loaded, else the reason it is unusable."""
+    with _lock:
+        for family in FAMILIES:
+            if family not in _status:
+                _status[family] = _load(family)
+        return dict(_status)
+
+
+def _validate(family: str, op: str, qk_quant_gran: str, pv_accum_dtype: str) -> None:
+    _check_family(family)
+    spec = FAMILIES[family]
+    if op not in spec["ops"]:
+        providers = sorted(f for f, s in FAMILIES.items() if op in s["ops"])
+        raise ValueError(f"kernel family {family} has no {op}; families that do: {providers}")
+    if qk_quant_gran not in spec["qk_quant_gran"]:
+        raise ValueError(
+            f"qk_quant_gran={qk_quant_gran!r} is not supported by family {family}; "
+            f"accepted: {spec['qk_quant_gran']}"
+        )
+    if pv_accum_dtype not in spec["pv_accum_dtype"]:
+        raise ValueError(
+            f"pv_accum_dtype={pv_accum_dtype!r} is not supported by family {family}; "
+            f"accepted: {spec['pv_accum_dtype']}"
+        )
+
+
+def qk_int8_pv_fp16(q, k, v, *, family, tensor_layout, is_causal, sm_scale, qk_quant_gran,
+                    pv_accum_dtype, smooth_k, smooth_v, return_lse):
+    """INT8 QK^T, FP16 PV attention with a native family. Returns ``(out, lse or None)``."""
+    _validate(family, "qk_int8_pv_fp16", qk_quant_gran, pv_accum_dtype)
+    return family_module(family).qk_int8_pv_fp16(
+        q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+        qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+        smooth_v=smooth_v, return_lse=return_lse,
+    )
+
+
+def qk_int8_pv_fp8(q, k, v, *, family, tensor_layout, is_causal, sm_scale, qk_quant_gran,
+                   pv_accum_dtype, smooth_k, smooth_v, return_lse):
+    """INT8 QK^T, FP8 (e4m3) PV attention with a native family. Returns ``(out, lse or None)``."""
+    _validate(family, "qk_int8_pv_fp8", qk_quant_gran, pv_accum_dtype)
+    return family_module(family).qk_int8_pv_fp8(
+        q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+        qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+        smooth_v=smooth_v, return_lse=return_lse,
+    )
+
+
+# Shape rules shared by the families' fake (meta) implementations; they mirror
+# csrc/common/torch_glue.h (quant_int8) so torch.compile and opcheck see the real shapes.
+
+def bhnd(x, tensor_layout: str):
+    """(B, H, N, D) of a 4-D tensor in the given layout."""
+    if tensor_layout == "HND":
+        return x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+    if tensor_layout == "NHD":
+        return x.shape[0], x.shape[2], x.shape[1], x.shape[3]
+    raise ValueError(f"tensor_layout must be 'HND' or 'NHD', got {tensor_layout!r}")
+
+
+def int8_quant_shapes(n_tokens, *, is_key: bool, qk_quant_gran: str):
+    """(padded tokens, scale groups per (batch, head)) of the INT8 quantization of Q or K."""
+    if qk_quant_gran not in ("per_block", "per_warp", "per_thread"):
+        raise ValueError(
+            f"qk_quant_gran must be 'per_block', 'per_warp' or 'per_thread', got {qk_quant_gran!r}")
+    pad_to = 64 if is_key else 128
+    padded = (n_tokens + pad_to - 1) // pad_to * pad_to
+    block = 64 if is_key else (128 if qk_quant_gran == "per_block" else 32)
+    groups = 1 if qk_quant_gran != "per_thread" else (4 if is_key else 8)
+    return padded, padded // block * groups

@@ -1,0 +1,97 @@
+"""sm75 (Turing) kernel family: the Python side of `torch.ops.sageattention_sm75`.
+
+The op schema is defined once in csrc/sm75/bindings.cpp. This module loads the compiled extension
+(`sageattention._kernels_sm75`), registers the op's fake implementation (for `torch.compile` and
+`torch.library.opcheck`) and wraps the op with argument checks. What the family supports is read
+from families.json, the table the build and the dispatcher also read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["EXTENSION", "OP_NAMESPACE", "SUPPORT", "load", "qk_int8_pv_fp16"]
+
+FAMILY = "sm75"
+OP_NAMESPACE = "sageattention_sm75"
+SUPPORT = json.loads((Path(__file__).with_name("families.json")).read_text())["families"][FAMILY]
+EXTENSION = SUPPORT["extension"]
+TENSOR_LAYOUTS = ("HND", "NHD")
+DTYPES = (torch.float16, torch.bfloat16)
+
+_loaded = False
+
+
+def load() -> None:
+    """Import the compiled extension (registering its ops) and the fake implementation.
+
+    Raises ImportError naming the reason when the extension is not usable.
+    """
+    global _loaded
+    if _loaded:
+        return
+    try:
+        importlib.import_module(EXTENSION)
+    except ImportError as exc:
+        raise ImportError(f"{EXTENSION} is not in this build or does not load: {exc}") from exc
+    if not hasattr(torch.ops, OP_NAMESPACE) or not hasattr(getattr(torch.ops, OP_NAMESPACE),
+                                                           "qk_int8_pv_fp16"):
+        raise ImportError(f"{EXTENSION} imported but did not register {OP_NAMESPACE}::qk_int8_pv_fp16")
+    torch.library.register_fake(f"{OP_NAMESPACE}::qk_int8_pv_fp16")(_qk_int8_pv_fp16_fake)
+    _loaded = True
+
+
+def _qk_int8_pv_fp16_fake(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k, return_lse):
+    # Mirrors bindings.cpp: a contiguous output shaped like q, LSE [B, Hq, Nq] fp32 or an empty [0].
+    out = q.new_empty(q.shape)
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    heads, tokens = (q.shape[1], q.shape[2]) if tensor_layout == "HND" else (q.shape[2], q.shape[1])
+    return out, q.new_empty((q.shape[0], heads, tokens), dtype=torch.float32)
+
+
+def _check(q, k, v, tensor_layout, qk_quant_gran, pv_accum_dtype) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name} must be float16 or bfloat16 for the {FAMILY} kernels, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D in {tensor_layout} layout, got shape {tuple(t.shape)}")
+    if tensor_layout not in TENSOR_LAYOUTS:
+        raise ValueError(f"tensor_layout={tensor_layout!r} is not accepted; use one of {TENSOR_LAYOUTS}")
+    if qk_quant_gran not in SUPPORT["qk_quant_gran"]:
+        raise ValueError(f"qk_quant_gran={qk_quant_gran!r} is not supported by the {FAMILY} kernels;"
+                         f" supported: {tuple(SUPPORT['qk_quant_gran'])}")
+    if pv_accum_dtype not in SUPPORT["pv_accum_dtype"]:
+        raise ValueError(f"pv_accum_dtype={pv_accum_dtype!r} is not supported by the {FAMILY} kernels;"
+                         f" supported: {tuple(SUPPORT['pv_accum_dtype'])}")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORT["head_dims"] or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise ValueError(f"head dims (q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}) must be equal and"
+                         f" one of {tuple(SUPPORT['head_dims'])} for the {FAMILY} kernels")
+
+
+def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
+                    smooth_k, smooth_v, return_lse):
+    """INT8 QK^T (per-warp scales: 16 query / 32 key tokens), FP16 PV with fp32 accumulation.
+
+    Returns (out, lse or None); out has q's shape and dtype, lse is [B, Hq, Nq] fp32 (natural log).
+    smooth_v is accepted but has no effect here: with fp32 PV accumulation, subtracting V's mean and
+    adding it back is an identity (each row of P sums to 1), so the kernel skips both steps.
+    """
+    _check(q, k, v, tensor_layout, qk_quant_gran, pv_accum_dtype)
+    if not _loaded:
+        load()
+    if sm_scale is None:
+        sm_scale = q.shape[-1] ** -0.5
+    # The kernels read any batch/head/token strides but need a contiguous head dim.
+    q, k, v = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)]
+    op = getattr(torch.ops, OP_NAMESPACE).qk_int8_pv_fp16
+    out, lse = op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), bool(smooth_k),
+                  bool(return_lse))
+    return out, (lse if return_lse else None)

@@ -1,0 +1,77 @@
+"""sm80 family (Ampere, Ada, Hopper through mma.sync): INT8 QK^T with FP16 PV.
+
+Wraps the ops of ``sageattention._kernels_sm80`` (namespace ``torch.ops.sageattention_sm80``,
+schemas in csrc/sm80/bindings.cpp) and registers their fake implementations.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+
+import torch
+
+EXTENSION = "sageattention._kernels_sm80"
+NAMESPACE = "sageattention_sm80"
+
+_lock = threading.Lock()
+_loaded = False
+
+
+def _register_fakes() -> None:
+    from . import bhnd, int8_quant_shapes
+
+    @torch.library.register_fake(f"{NAMESPACE}::quant_int8")
+    def _quant_int8_fake(x, mean, tensor_layout, qk_quant_gran, is_key, scale_mult):
+        b, h, n, d = bhnd(x, tensor_layout)
+        padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
+        return (x.new_empty((b, h, padded, d), dtype=torch.int8),
+                x.new_empty((b, h, groups), dtype=torch.float32))
+
+    @torch.library.register_fake(f"{NAMESPACE}::qk_int8_pv_fp16")
+    def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
+                   smooth_k, return_lse):
+        b, h, n, _ = bhnd(q, tensor_layout)
+        return (q.new_empty(q.shape),
+                q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32))
+
+
+def load() -> None:
+    """Import the extension (registering its ops) and the fake implementations, once.
+
+    Raises ImportError saying why when the extension is not usable here.
+    """
+    global _loaded
+    if _loaded:  # lock-free fast path (torch.compile traces through it)
+        return
+    with _lock:
+        if _loaded:
+            return
+        try:
+            importlib.import_module(EXTENSION)
+        except ImportError as exc:  # a missing module, or a library/ABI mismatch (undefined symbol)
+            raise ImportError(
+                f"{EXTENSION} is not in this installation (the wheel was built without sm80-family "
+                f"targets, or for another torch/CUDA): {exc}"
+            ) from exc
+        _register_fakes()
+        _loaded = True
+
+
+def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=None):
+    """Quantize Q (is_key=False) or K (is_key=True) to INT8 as the kernels do.
+
+    Returns (int8 [B, H, Npad, D] in HND order, fp32 scales [B, H, groups]).
+    """
+    load()
+    return torch.ops.sageattention_sm80.quant_int8(x, mean, tensor_layout, qk_quant_gran,
+                                                   bool(is_key), float(scale_mult))
+
+
+def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran,
+                    pv_accum_dtype, smooth_k, smooth_v, return_lse):
+    """INT8 QK^T, FP16 PV attention. ``smooth_v`` has no effect on the FP16 PV path."""
+    load()
+    out, lse = torch.ops.sageattention_sm80.qk_int8_pv_fp16(
+        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,
+        bool(smooth_k), bool(return_lse))
+    return out, (lse if return_lse else None)

@@ -1,0 +1,218 @@
+"""Pure-PyTorch reference of the SageAttention 2 algorithm: the oracle every kernel is checked against.
+
+It reproduces the quantization semantics of docs/architecture.md step by step (INT8 Q/K with the
+kernels' scale groups, K/V smoothing, FP16 or FP8 e4m3 PV with exact rounding emulation, base-2 online
+softmax over K blocks) in fp32, on any device. It is slow by design: clarity over speed, but K is
+processed block by block and batch/heads are vectorised, so small CPU shapes run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "FAMILY_BLOCK_SIZES",
+    "PV_ACCUM_DTYPES",
+    "QK_QUANT_GRANS",
+    "quantize_int8",
+    "sageattn_reference",
+    "scale_group_ids",
+]
+
+LOG2E = math.log2(math.e)
+FP8_E4M3_MAX = 448.0
+INT8_MAX = 127.0
+SCALE_FLOOR = 1e-8
+
+QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
+PV_ACCUM_DTYPES = {
+    "fp16": ("fp32", "fp16+fp32", "fp16"),
+    "fp8": ("fp32", "fp32+fp32", "fp32+fp16"),
+}
+# Token counts of one tensor-core instruction's reduction dimension: where an fp16 accumulator rounds.
+_MMA_K = {"fp16": 16, "fp8": 32}
+
+# Block sizes of each kernel family (architecture.md, "Granularity"); pass them as keyword arguments.
+FAMILY_BLOCK_SIZES = {
+    "sm75": {"blkq": 128, "blkk": 32, "warpq": 16},
+    "sm80": {"blkq": 128, "blkk": 64, "warpq": 32},
+    "sm89": {"blkq": 128, "blkk": 64, "warpq": 32},
+    "triton": {"blkq": 128, "blkk": 64, "warpq": 32},
+}
+
+
+def scale_group_ids(n_tokens: int, *, granularity: str, is_query: bool, blkq: int = 128,
+                    blkk: int = 64, warpq: int = 32, device=None) -> tuple[torch.Tensor, int]:
+    """Return (group id of each token, number of groups) for one INT8 scale layout.
+
+    Group ids are ordered block by block, so they index the kernels' `[B, H, n_scale_groups]`
+    scale tensors directly.
+    """
+    if granularity not in QK_QUANT_GRANS:
+        raise ValueError(f"qk_quant_gran={granularity!r} is not accepted; use one of {QK_QUANT_GRANS}")
+    t = torch.arange(n_tokens, device=device)
+    if is_query:
+        if granularity == "per_block":
+            return t // blkq, -(-n_tokens // blkq)
+        if granularity == "per_warp":
+            return t // warpq, -(-n_tokens // warpq)
+        # per_thread: the rows g, g+8, ... of a WARPQ block share the scale of one mma thread.
+        return (t // warpq) * 8 + t % 8, -(-n_tokens // warpq) * 8
+    if granularity in ("per_block", "per_warp"):
+        return t // blkk, -(-n_tokens // blkk)
+    # per_thread: columns 2t, 2t+1 of each n8 tile belong to one thread: 4 groups per K block.
+    return (t // blkk) * 4 + (t % 8) // 2, -(-n_tokens // blkk) * 4
+
+
+def quantize_int8(x: torch.Tensor, *, granularity: str, is_query: bool, blkq: int = 128,
+                  blkk: int = 64, warpq: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 quantization of an HND fp32 tensor `[B, H, N, D]`.
+
+    Returns (int8 values held exactly in fp32, per-token scale `[B, H, N]`, group scales
+    `[B, H, n_scale_groups]` as the kernels store them).
+    """
+    b, h, n, _ = x.shape
+    gid, n_groups = scale_group_ids(n, granularity=granularity, is_query=is_query, blkq=blkq,
+                                    blkk=blkk, warpq=warpq, device=x.device)
+    token_amax = x.abs().amax(dim=-1)
+    group_amax = torch.zeros(b, h, n_groups, dtype=torch.float32, device=x.device)
+    group_amax.scatter_reduce_(-1, gid.expand(b, h, n), token_amax, reduce="amax", include_self=True)
+    group_scale = torch.clamp_min(group_amax / INT8_MAX, SCALE_FLOOR)
+    token_scale = group_scale[..., gid]
+    values = torch.round(x / token_scale[..., None]).clamp_(-INT8_MAX, INT8_MAX)
+    return values, token_scale, group_scale
+
+
+def _check_reference_args(q, k, v, tensor_layout, qk_quant_gran, pv_dtype, pv_accum_dtype,
+                          blkq, blkk, warpq):
+    if tensor_layout not in ("HND", "NHD"):
+        raise ValueError(f"tensor_layout={tensor_layout!r} is not accepted; use 'HND' or 'NHD'")
+    if qk_quant_gran not in QK_QUANT_GRANS:
+        raise ValueError(f"qk_quant_gran={qk_quant_gran!r} is not accepted; use one of {QK_QUANT_GRANS}")
+    if pv_dtype not in PV_ACCUM_DTYPES:
+        raise ValueError(f"pv_dtype={pv_dtype!r} is not accepted; use 'fp16' or 'fp8'")
+    if pv_accum_dtype not in PV_ACCUM_DTYPES[pv_dtype]:
+        raise ValueError(f"pv_accum_dtype={pv_accum_dtype!r} is not accepted with pv_dtype={pv_dtype!r};"
+                         f" use one of {PV_ACCUM_DTYPES[pv_dtype]}")
+    for name, size in (("blkq", blkq), ("blkk", blkk), ("warpq", warpq)):
+        if not isinstance(size, int) or size <= 0 or size % 8:
+            raise ValueError(f"{name}={size!r} must be a positive multiple of 8")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor in {tensor_layout} layout")
+    if q.shape[0] != k.shape[0] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q, k, v shapes do not match: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
+def _accumulate(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, chunk: int) -> torch.Tensor:
+    """acc + p @ v with an fp16 accumulator that rounds after every `chunk`-token mma step."""
+    for c0 in range(0, p.shape[-1], chunk):
+        acc = (acc + p[..., c0:c0 + chunk] @ v[..., c0:c0 + chunk, :]).half().float()
+    return acc
+
+
+def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tensor_layout: str = "HND",
+                       is_causal: bool = False, sm_scale: float | None = None,
+                       qk_quant_gran: str = "per_thread", smooth_k: bool = True, smooth_v: bool = False,
+                       pv_dtype: str = "fp16", pv_accum_dtype: str = "fp32", blkq: int = 128,
+                       blkk: int = 64, warpq: int = 32, return_lse: bool = False,
+                       fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float = FP8_E4M3_MAX):
+    """Quantized attention exactly as the kernels compute it, in fp32 with fp16/e4m3 rounding emulated.
+
+    q: `[B, Hq, Nq, D]` (HND) or `[B, Nq, Hq, D]` (NHD); k, v: the same with Hkv heads and Nk tokens,
+    Hq a multiple of Hkv (GQA/MQA). Causal is top-left aligned like SDPA's `is_causal`.
+    pv_dtype "fp16" takes pv_accum_dtype "fp32" | "fp16+fp32" | "fp16"; "fp8" takes "fp32" |
+    "fp32+fp32" | "fp32+fp16". Note: the hardware's reduced-precision FP8 fp32 accumulator is not
+    emulated ("fp32" and "fp32+fp32" give the same result here).
+    fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to (both 448
+    in architecture.md). With those, an fp16 inner accumulator ("fp32+fp16") overflows: one K block
+    can sum to 64 * 448 * 448; the reference shows that as inf/NaN rather than hiding it.
+    Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
+    log when return_lse.
+    """
+    _check_reference_args(q, k, v, tensor_layout, qk_quant_gran, pv_dtype, pv_accum_dtype,
+                          blkq, blkk, warpq)
+    if tensor_layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    if sm_scale is None:
+        sm_scale = d ** -0.5
+    dev = q.device
+    qf, kf, vf = q.float(), k.float(), v.float()
+
+    out_hnd = torch.zeros(b, hq, nq, d, dtype=torch.float32, device=dev)
+    lse = torch.full((b, hq, nq), -math.inf, dtype=torch.float32, device=dev)
+    if nq == 0 or nk == 0:
+        return _finish(out_hnd, lse, q.dtype, tensor_layout, return_lse)
+
+    km = kf.mean(dim=2, keepdim=True) if smooth_k else None
+    q_i8, q_scale, _ = quantize_int8(qf * (sm_scale * LOG2E), granularity=qk_quant_gran, is_query=True,
+                                     blkq=blkq, blkk=blkk, warpq=warpq)
+    k_i8, k_scale, _ = quantize_int8(kf - km if smooth_k else kf, granularity=qk_quant_gran,
+                                     is_query=False, blkq=blkq, blkk=blkk, warpq=warpq)
+
+    vm = vf.mean(dim=2, keepdim=True) if smooth_v else None
+    v_s = vf - vm if smooth_v else vf
+    if pv_dtype == "fp16":
+        v_q = v_s.half().float()
+        p_scale, v_scale = 1.0, None
+    else:
+        v_scale = torch.clamp_min(v_s.abs().amax(dim=2, keepdim=True) / fp8_v_max, SCALE_FLOOR)
+        v_q = (v_s / v_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+        p_scale = fp8_p_scale
+
+    # GQA/MQA: query head h reads kv head h // (Hq // Hkv).
+    group = hq // hkv
+    k_i8, k_scale, v_q = (t.repeat_interleave(group, dim=1) for t in (k_i8, k_scale, v_q))
+
+    inner_fp16 = pv_accum_dtype in ("fp16+fp32", "fp32+fp16")
+    all_fp16 = pv_accum_dtype == "fp16"
+    chunk = _MMA_K[pv_dtype]
+    m = torch.full((b, hq, nq), -math.inf, dtype=torch.float32, device=dev)
+    l = torch.zeros(b, hq, nq, dtype=torch.float32, device=dev)
+    acc = out_hnd
+    q_idx = torch.arange(nq, device=dev)[:, None]
+    for j0 in range(0, nk, blkk):
+        j1 = min(j0 + blkk, nk)
+        s = (q_i8 @ k_i8[:, :, j0:j1].transpose(-1, -2)) * q_scale[..., None] * k_scale[:, :, None, j0:j1]
+        if is_causal:
+            s = s.masked_fill(torch.arange(j0, j1, device=dev)[None, :] > q_idx, -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows fully masked so far
+        alpha = torch.exp2(m - m_safe)
+        p = torch.exp2(s - m_safe[..., None])
+        l = l * alpha + p.sum(dim=-1)
+        if pv_dtype == "fp16":
+            p_q = p.half().float()
+        else:
+            p_q = (p * p_scale).to(torch.float8_e4m3fn).float()
+        v_blk = v_q[:, :, j0:j1]
+        if all_fp16:
+            acc = _accumulate((acc * alpha[..., None]).half().float(), p_q, v_blk, chunk)
+        elif inner_fp16:
+            acc = acc * alpha[..., None] + _accumulate(torch.zeros_like(acc), p_q, v_blk, chunk)
+        else:
+            acc = acc * alpha[..., None] + p_q @ v_blk
+        m = m_new
+
+    out_hnd = acc / l[..., None]
+    if v_scale is not None:
+        out_hnd = out_hnd / p_scale * v_scale.repeat_interleave(group, dim=1)
+    if smooth_v:
+        out_hnd = out_hnd + vm.repeat_interleave(group, dim=1)
+    lse = (torch.log2(l) + m) / LOG2E
+    if smooth_k:
+        lse = lse + (qf * km.repeat_interleave(group, dim=1)).sum(dim=-1) * sm_scale
+    return _finish(out_hnd, lse, q.dtype, tensor_layout, return_lse)
+
+
+def _finish(out_hnd, lse, dtype, tensor_layout, return_lse):
+    out = out_hnd.to(dtype)
+    if tensor_layout == "NHD":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out

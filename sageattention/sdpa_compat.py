@@ -1,0 +1,61 @@
+"""Using sageattn where code calls `torch.nn.functional.scaled_dot_product_attention`.
+
+Assigning `sageattn` to SDPA breaks callers: SDPA's fourth positional argument is `attn_mask`,
+sageattn's is `tensor_layout`. `scaled_dot_product_attention` here has SDPA's exact signature and
+maps every argument by name; `patch_sdpa()` installs it for a `with` block and restores what was there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from . import core
+from .dispatch import record_backend
+
+__all__ = ["patch_sdpa", "scaled_dot_product_attention"]
+
+
+def _torch_handles_it(query, key, value, enable_gqa) -> bool:
+    """Calls outside sageattn's model go to torch unchanged, so they behave (and fail) exactly as SDPA:
+    batch shapes other than 4-D, a value head dim unlike the query's, GQA without enable_gqa."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+        return True
+    if value.shape[-1] != query.shape[-1]:
+        return True
+    return not enable_gqa and query.shape[1] != key.shape[1]
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                                 scale=None, enable_gqa=False):
+    """Drop-in for torch.nn.functional.scaled_dot_product_attention, run by sageattn.
+
+    Same signature and semantics as SDPA ([batch, heads, tokens, head_dim] inputs); calls that the
+    quantized kernels cannot serve (masks without Triton, dropout, grad, fp32, CPU...) run torch's SDPA.
+    """
+    if _torch_handles_it(query, key, value, enable_gqa):
+        out = core._torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        record_backend("sdpa")
+        return out
+    return core.sageattn(query, key, value, tensor_layout="HND", is_causal=is_causal, attn_mask=attn_mask,
+                         dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+
+
+@contextlib.contextmanager
+def patch_sdpa():
+    """Within the block, `torch.nn.functional.scaled_dot_product_attention` is sageattention's
+    SDPA-compatible function; the previous function is restored on exit, errors included.
+
+    It patches the module attribute (process-wide, not per thread); code that imported the function
+    by name (`from torch.nn.functional import scaled_dot_product_attention`) keeps the original.
+    """
+    previous = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = scaled_dot_product_attention
+    try:
+        yield scaled_dot_product_attention
+    finally:
+        F.scaled_dot_product_attention = previous

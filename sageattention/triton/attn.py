@@ -1,0 +1,256 @@
+"""INT8-QK / FP16-PV attention kernel (dense batches), with causal and SDPA-style masks.
+
+Scores come out of the int8 dot already in the base-2 domain (the Q scale carries
+``sm_scale * log2(e)``); softmax is online over K blocks in fp32; P is cast to fp16 and multiplied
+by fp16 V with fp32 accumulation. ``mask.py`` turns an SDPA ``attn_mask`` into the strided view and
+block map read here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import quant
+from .mask import MASK_NONE, MASK_BOOL, MASK_ADD, prepare_mask
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile shape and launch parameters of the attention kernels."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        if quant.BLKQ % self.block_m or self.block_m < 16:
+            raise ValueError(f"block_m must divide {quant.BLKQ} and be >= 16, got {self.block_m}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+
+
+def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool) -> KernelConfig:
+    """Default tiles per padded head dim (tuned on an H200 by benchmarks/gpu_dev_triton.py)."""
+    del is_causal  # same tiles so far; kept so tuning can split them without an API change
+    if has_mask and head_dim_padded <= 128:
+        # The mask tile's addresses cost registers: 64-key tiles spill on sm_90 (ptxas -v).
+        return KernelConfig(128, 32, 8, 3)
+    if head_dim_padded <= 64:
+        return KernelConfig(128, 64, 4, 3)
+    if head_dim_padded <= 128:
+        return KernelConfig(128, 64, 8, 3)
+    return KernelConfig(64, 32, 4, 2)
+
+
+@triton.jit
+def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_n,
+               n_keys, offs_m, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
+               HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr, BLOCK_N: tl.constexpr,
+               EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """One K block of online softmax. EDGE masks keys past ``n_keys`` (and the causal diagonal)."""
+    cols = start_n + offs_n
+    col_ok = cols < n_keys
+    if EDGE:
+        k = tl.load(K_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0)
+    else:
+        k = tl.load(K_base + cols[None, :] * stride_kn + offs_d[:, None])
+    if BLOCK_N <= KBLK:
+        # The tile lies inside one K scale block: one scalar (a per-column vector costs registers).
+        s = tl.dot(q, k).to(tl.float32) * (tl.load(KS_base + start_n // KBLK) * q_scale)
+    else:
+        ks = tl.load(KS_base + cols // KBLK, mask=col_ok, other=0.0)
+        s = tl.dot(q, k).to(tl.float32) * (ks * q_scale)[None, :]
+    if EDGE:
+        keep = col_ok[None, :]
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    if MASK_KIND != 0:
+        m_ptrs = M_base + offs_m[:, None] * sm_m + cols[None, :] * sm_n
+        m_ok = (offs_m < n_queries)[:, None] & col_ok[None, :]
+        if MASK_KIND == 1:
+            mk = tl.load(m_ptrs, mask=m_ok, other=0)
+            s = tl.where(mk != 0, s, float("-inf"))
+        else:
+            add = tl.load(m_ptrs, mask=m_ok, other=float("-inf")).to(tl.float32)
+            # Natural-log units to base 2; a huge finite value stays finite (SDPA then weighs such
+            # keys equally) while -inf stays a hard mask.
+            add = tl.where(add == float("-inf"), add, tl.maximum(add * 1.4426950408889634, -FLT_MAX))
+            s = s + add
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if MASK_KIND != 0:
+        # A row with no visible key so far keeps m = -inf; subtract 0 instead to avoid inf - inf.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
+    if HEAD_DIM == D:
+        if EDGE:
+            v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    else:
+        v = tl.load(v_ptrs, mask=col_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    acc = tl.dot(p.to(tl.float16), v, acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_m, n_keys,
+               offs_m, offs_n, offs_d,
+               HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """Unmasked (or causal) attention of one Q tile: full K blocks first, then the edge blocks."""
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if IS_CAUSAL:
+        hi = tl.minimum(n_keys, start_m + BLOCK_M)
+        mid = (tl.minimum(start_m, n_keys) // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_keys
+        mid = (n_keys // BLOCK_N) * BLOCK_N
+    for start_n in range(0, mid, BLOCK_N):
+        acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
+                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base, 0, 0, 0,
+                                   HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
+                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base, 0, 0, 0,
+                                   HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0)
+    return acc, l_i, m_i
+
+
+# Sizes change with every shape: not specializing them on divisibility keeps one compiled kernel
+# per (tile config, dtype, flags) instead of one per shape. Data strides stay specialized
+# (alignment); the block map's do not matter.
+@triton.jit(do_not_specialize=["n_heads", "group", "n_queries", "n_keys", "n_q_scales", "n_k_scales",
+                               "sb_b", "sb_h", "sb_m", "sb_n"])
+def _attn_fwd_kernel(
+    Q8, K8, V, QS, KS, Out, LSE, MASK, BMAP,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
+    sm_b, sm_h, sm_m, sm_n, sb_b, sb_h, sb_m, sb_n,
+    n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales,
+    HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr, KBLK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr, RETURN_LSE: tl.constexpr,
+):
+    # Causal tiles near the end do the most work: launch them first.
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    kvh = h // group
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+
+    # The int8 Q buffer is padded to whole 128-token blocks and D columns: no load mask needed.
+    q = tl.load(Q8 + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :])
+    q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
+    K_base = K8 + b * sk_b + kvh * sk_h
+    V_base = V + b * sv_b + kvh * sv_h
+    KS_base = KS + (b * (n_heads // group) + kvh) * n_k_scales
+
+    if MASK_KIND != 0:
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        M_base = MASK + b * sm_b + h * sm_h
+        B_base = BMAP + b * sb_b + h * sb_h + pid_m * sb_m
+        for start_n in range(0, n_keys, BLOCK_N):
+            # Blocks whose every (query, key) pair is masked are skipped without loading K or V.
+            if tl.load(B_base + (start_n // BLOCK_N) * sb_n) != 0:
+                acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, sk_n,
+                                           sv_n, start_n, n_keys, offs_m, offs_n, offs_d,
+                                           M_base, sm_m, sm_n, n_queries,
+                                           HEAD_DIM, D, KBLK, BLOCK_N, True, False, MASK_KIND)
+        # Rows with every key masked: output 0 (as SDPA's math path in recent torch), LSE -inf.
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+    else:
+        acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, n_keys,
+                                   offs_m, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
+                                   IS_CAUSAL)
+        inv_l = 1.0 / l_i
+
+    out = acc * inv_l[:, None]
+    row_ok = offs_m < n_queries
+    o_ptrs = Out + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+    if RETURN_LSE:
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + (b * n_heads + h) * n_queries + offs_m, lse, mask=row_ok)
+
+
+def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smooth_k: bool,
+                  return_lse: bool, config: KernelConfig | None = None,
+                  out: torch.Tensor | None = None):
+    """Runs the kernel on HND views ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (validated).
+
+    Writes ``out`` (an HND view, any strides with unit last stride; allocated when None) and returns
+    ``(out, lse [B, Hq, Nq] fp32 or None)``.
+    """
+    batch, n_heads, n_queries, head_dim = q.shape
+    kv_heads, n_keys = k.shape[1], k.shape[2]
+    dp = quant.padded_head_dim(head_dim)
+    cfg = config or pick_config(dp, is_causal, attn_mask is not None)
+
+    k_mean = k.mean(dim=2, dtype=torch.float32).contiguous() if smooth_k else None
+    k8, k_scale, _ = quant.quantize_dense(k, block=quant.BLKK, pad_to=quant.BLKK, mean=k_mean)
+    want_corr = return_lse and smooth_k
+    q8, q_scale, corr = quant.quantize_dense(
+        q, block=quant.BLKQ, pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E,
+        corr_mean=k_mean if want_corr else None, corr_mult=sm_scale)
+    v16 = v if v.dtype == torch.float16 else v.to(torch.float16)
+    if v16.stride(-1) != 1:
+        v16 = v16.contiguous()
+
+    if out is None:
+        out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, n_heads, n_queries), dtype=torch.float32, device=q.device) if return_lse else q_scale
+
+    mask_kind, mask_view, block_map = prepare_mask(attn_mask, batch, n_heads, n_queries, n_keys,
+                                                   cfg.block_m, cfg.block_n)
+    if mask_kind == MASK_NONE:
+        mask_view = block_map = q_scale
+        m_strides = b_strides = (0, 0, 0, 0)
+    else:
+        m_strides, b_strides = mask_view.stride(), block_map.stride()
+
+    grid = (triton.cdiv(n_queries, cfg.block_m), n_heads, batch)
+    _attn_fwd_kernel[grid](
+        q8, k8, v16, q_scale, k_scale, out, lse, mask_view, block_map,
+        q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
+        v16.stride(0), v16.stride(1), v16.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        *m_strides, *b_strides,
+        n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
+        HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, KBLK=quant.BLKK,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
+        MASK_KIND=mask_kind, RETURN_LSE=return_lse,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not return_lse:
+        return out, None
+    if corr is not None:
+        lse += corr
+    return out, lse
+
+
+__all__ = ["KernelConfig", "pick_config", "run_attention", "MASK_NONE", "MASK_BOOL", "MASK_ADD"]

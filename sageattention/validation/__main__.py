@@ -1,0 +1,112 @@
+"""``python -m sageattention.validation``: run the GPU validation suite and write its result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .catalog import CHECKS
+
+    ids = "\n".join(f"  {c.slug:<22} {c.name}" for c in CHECKS)
+    p = argparse.ArgumentParser(
+        prog="python -m sageattention.validation",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the GPU validation suite against the installed sageattention: every "
+                    "check records pass/fail/skip, its error figures against fp32 SDPA and the "
+                    "backend that ran; then the benchmark cases against SDPA. Exit status: 0 all "
+                    "checks passed or were skipped, 1 a check failed, 2 refused (no GPU, no "
+                    "kernel for this GPU, bad arguments).",
+        epilog="check ids:\n" + ids)
+    p.add_argument("--json", metavar="PATH", help="write the result document here")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer boundary lengths and repeats, fp16-only shorter benchmark")
+    p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")
+    p.add_argument("--skip", nargs="+", metavar="ID", help="leave these checks out")
+    p.add_argument("--no-performance", action="store_true", help="leave out the benchmark")
+    p.add_argument("--list", action="store_true", help="list the checks and exit")
+    return p
+
+
+def _line(rec: dict) -> str:
+    err = rec.get("errors") or {}
+    figs = (f" cos {err['cosine']:.6f} relL1 {err['rel_l1']:.4f}" if err.get("finite") else "")
+    why = f"  -- {rec['reason']}" if rec.get("reason") else ""
+    return (f"{rec['status'].upper():<4}  {rec['name']:<46} [{rec.get('backend') or '-'}]"
+            f"{figs} ({rec['duration_s']:.1f}s){why}")
+
+
+def jsonsafe(obj):
+    """Strict JSON: NaN and infinities (never valid JSON) become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: jsonsafe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonsafe(v) for v in obj]
+    return obj
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Atomic: a reader never sees half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".suite-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(jsonsafe(doc), fh, indent=2, allow_nan=False)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .catalog import CHECKS
+    from .expectation import NoNativeCode
+    from .profile import FULL, QUICK
+    from .runner import select
+    from .suite import NoGpu, run_suite
+
+    if args.list:
+        for c in CHECKS:
+            print(f"{c.slug:<22} {c.name}")
+        return 0
+    try:
+        checks = select(CHECKS, args.only, args.skip)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        doc = run_suite(profile=QUICK if args.quick else FULL, checks=checks,
+                        performance=not args.no_performance,
+                        argv=["-m", "sageattention.validation", *(sys.argv[1:] if argv is None
+                                                                  else argv)],
+                        progress=lambda rec: print(_line(rec), flush=True))
+    except (NoGpu, NoNativeCode) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    s = doc["summary"]
+    perf = doc.get("performance") or {}
+    print(f"execution: {doc['execution']}; {s['pass']} passed, {s['fail']} failed, "
+          f"{s['skip']} skipped")
+    if perf.get("geomean_speedup_vs_sdpa"):
+        print(f"geometric mean speed-up vs SDPA: {perf['geomean_speedup_vs_sdpa']:.3f}x over "
+              f"{len(perf['cases'])} cases")
+    elif perf.get("error"):
+        print(f"performance section failed: {perf['error']}")
+    if args.json:
+        write_json(args.json, doc)
+        print(f"wrote {args.json}")
+    return 0 if s["all_passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Which native backends a wheel must run on this GPU, and whether they run natively or from PTX.
+
+Derived from the wheel's build info (its SM targets and families) and the kernel family table
+(sageattention/native/families.json), never from a hand-kept list: an sm90 wheel on an H200 runs
+its sm80 and sm89 families natively; an sm75 wheel (``sm75+PTX``) runs the sm75 family there only
+as compute_75 PTX compiled by the driver.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_TARGET = re.compile(r"^sm_?(?P<sm>\d{2,3})(?P<suffix>[af]?)(?P<ptx>\+ptx)?$", re.IGNORECASE)
+
+
+class NoNativeCode(RuntimeError):
+    """The wheel carries no kernel that can run on this GPU, natively or through PTX."""
+
+
+@dataclass(frozen=True)
+class Target:
+    sm: int
+    ptx: bool
+    text: str
+
+
+def parse_target(text: str) -> Target:
+    """``"sm75+PTX"`` -> Target(75, ptx=True); ``"sm90"``/``"sm90a"`` -> Target(90, ptx=False)."""
+    m = _TARGET.match(text.strip())
+    if not m:
+        raise ValueError(f"unrecognised SM target {text!r}; expected forms like 'sm90', 'sm90a' "
+                         f"or 'sm75+PTX'")
+    return Target(sm=int(m["sm"]), ptx=bool(m["ptx"]), text=text)
+
+
+def backend_name(family: str, op: str) -> str:
+    """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ..."""
+    precision = op.rsplit("_", 1)[-1]  # qk_int8_pv_fp16 -> fp16, qk_int8_pv_fp8 -> fp8
+    return f"cuda-{family}-{precision}"
+
+
+@dataclass(frozen=True)
+class NativeBackend:
+    name: str
+    family: str
+    via: str  # "sass" or "ptx" (compute_XY PTX JIT-compiled by the driver)
+    ptx_arch: str | None = None
+
+
+@dataclass(frozen=True)
+class Expectation:
+    execution: str  # "native" or "ptx-jit"
+    gpu_sm: int
+    backends: tuple[NativeBackend, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def names(self) -> list[str]:
+        return [b.name for b in self.backends]
+
+    def as_dict(self) -> dict:
+        return {
+            "execution": self.execution,
+            "gpu_sm": f"sm{self.gpu_sm}",
+            "native_backends": [
+                {"name": b.name, "family": b.family, "via": b.via, "ptx_arch": b.ptx_arch}
+                for b in self.backends
+            ],
+            "notes": list(self.notes),
+        }
+
+
+def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
+           available: dict[str, str | None]) -> Expectation:
+    """The native backends this build must run on a GPU of ``gpu_sm`` (e.g. 90)."""
+    families = (families_table or {}).get("families", {})
+    if not families:
+        raise NoNativeCode("the kernel family table (native/families.json) is empty or missing")
+    if build_info is not None:
+        wheel_families = list(build_info.get("families") or [])
+        targets = [parse_target(t) for t in build_info.get("sm_targets") or []]
+    else:  # source checkout: whatever compiled here, for this GPU only
+        wheel_families = [f for f, why in available.items() if why is None]
+        targets = [Target(sm=gpu_sm, ptx=False, text=f"sm{gpu_sm}")]
+    # SASS runs on the same major and an equal or higher minor (sm80 code on an sm86 GPU).
+    sass_ok = any(t.sm // 10 == gpu_sm // 10 and t.sm % 10 <= gpu_sm % 10 for t in targets)
+    ptx_sms = {t.sm for t in targets if t.ptx}
+    for arch in (build_info or {}).get("ptx") or []:  # e.g. "compute_75"
+        m = re.fullmatch(r"compute_(\d{2,3})[af]?", str(arch))
+        if m:
+            ptx_sms.add(int(m[1]))
+    here = f"sm{gpu_sm}"
+
+    sass, ptx = [], []
+    for family, spec in families.items():  # table order is the preference order
+        if family not in wheel_families:
+            continue
+        serves = {int(s.removeprefix("sm")) for s in spec.get("serves", [])}
+        for op in spec.get("ops", []):
+            name = backend_name(family, op)
+            if here in spec.get("serves", []) and sass_ok:
+                sass.append(NativeBackend(name, family, "sass"))
+            elif spec.get("embed_ptx"):
+                # PTX JIT-compiles forward only: a compute_75 PTX runs on sm75 and newer.
+                usable = sorted(sm for sm in ptx_sms & serves if sm <= gpu_sm)
+                if usable:
+                    ptx.append(NativeBackend(name, family, "ptx", spec["embed_ptx"]))
+    if sass:
+        notes = tuple(f"{b.family} family also embeds PTX; not exercised (SASS present)"
+                      for b in ptx)
+        return Expectation("native", gpu_sm, tuple(sass), notes)
+    if ptx:
+        return Expectation("ptx-jit", gpu_sm, tuple(ptx))
+    raise NoNativeCode(
+        f"this build has no kernel for {here}: families {wheel_families or 'none'}, SM targets "
+        f"{[t.text for t in targets] or 'none'}; install the wheel built for {here}")

@@ -1,0 +1,120 @@
+"""``python -m scripts.factory``: the build half's command line (nox sessions call this).
+
+    python -m scripts.factory matrix [--check FILE] [--json]
+    python -m scripts.factory plan  (--sm sm75 | --cell ID)
+    python -m scripts.factory build (--sm sm75 | --cell ID) [--no-repair] [--jobs N]
+    python -m scripts.factory check WHEEL...
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import matrix as matrix_module
+from .errors import FactoryError, PlanError
+
+
+def _select_cells(args, matrix):
+    if args.cell:
+        try:
+            return [matrix.cell(args.cell)], f"cell {args.cell}"
+        except KeyError:
+            raise PlanError(f"no cell {args.cell!r} in {matrix.source}; cells: "
+                            + ", ".join(c.id for c in matrix.cells)) from None
+    from .model import Target
+    try:
+        sm = Target.parse(args.sm).sm
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    cells = matrix.cells_for_sm(sm)
+    if not cells:
+        raise PlanError(f"no cell targets sm{sm} in {matrix.source}; SMs there: "
+                        + ", ".join(f"sm{s}" for s in matrix.sms()))
+    return cells, f"sm{sm} ({len(cells)} cells)"
+
+
+def _plan(args):
+    from .host import detect_host
+    from .plan import format_plan, plan_cells
+
+    matrix = matrix_module.load_matrix(args.matrix)
+    cells, title = _select_cells(args, matrix)
+    host = detect_host({c.python for c in cells})
+    plans = plan_cells(cells, host, repair_wheels=not getattr(args, "no_repair", False))
+    print(format_plan(plans, title), flush=True)
+    return matrix, plans
+
+
+def _cmd_plan(args) -> int:
+    _plan(args)
+    return 0
+
+
+def _cmd_build(args) -> int:
+    from .build import default_jobs, run_plans
+
+    matrix, plans = _plan(args)
+    wheels = run_plans(plans, jobs=args.jobs or default_jobs(), out_dir=args.out, matrix=matrix)
+    print("built:")
+    for wheel in wheels:
+        print(f"  {wheel}")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from .wheelcheck import check_wheel
+
+    matrix = matrix_module.load_matrix(args.matrix)
+    for wheel in args.wheels:
+        check_wheel(wheel, matrix, exact_files=not args.no_file_set)
+        print(f"{wheel.name}: OK (name, METADATA, build info agree"
+              + ("" if args.no_file_set else "; exact file set") + ")")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.factory",
+        description="sageattention wheel factory, build half: validate the matrix, plan and "
+                    "build exact, repaired, self-describing wheels.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("matrix", help="validate build_matrix.yaml / print cells (see --help)",
+                   add_help=False)
+    for name, help_text in (("plan", "print what would be built and why cells are skipped"),
+                            ("build", "build (and repair and check) wheels")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        which = p.add_mutually_exclusive_group(required=True)
+        which.add_argument("--sm", help="every cell targeting this SM, e.g. sm75")
+        which.add_argument("--cell", help="one cell id, e.g. linux-cp311-torch2.14-cu130-sm80")
+        p.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX,
+                       help="matrix file (default: build_matrix.yaml)")
+        p.add_argument("--no-repair", action="store_true",
+                       help="skip auditwheel/delvewheel (runners without them)")
+        if name == "build":
+            p.add_argument("--jobs", type=int, default=None,
+                           help="parallel compile jobs (default: MAX_JOBS or the CPU count)")
+            p.add_argument("--out", type=Path, default=Path("wheelhouse"),
+                           help="where final wheels go (default: wheelhouse/)")
+    check = sub.add_parser("check", help="check built wheels: name, METADATA, build info, "
+                                         "file set")
+    check.add_argument("wheels", nargs="+", type=Path)
+    check.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX)
+    check.add_argument("--no-file-set", action="store_true",
+                       help="skip the exact file set comparison with the source tree")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["matrix"]:
+        return matrix_module.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    handler = {"plan": _cmd_plan, "build": _cmd_build, "check": _cmd_check}[args.command]
+    try:
+        return handler(args)
+    except FactoryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code

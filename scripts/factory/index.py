@@ -1,0 +1,197 @@
+"""PEP 503 simple index for a release: one index per wheel variant (local version label).
+
+Why one index per variant: local labels sort as text, so if the sm75 and sm89 wheels for the same
+Python/platform shared a page, "the highest version" pip would choose between them would be
+arbitrary. With one page per label, a page never holds two wheels with the same tags.
+
+Layout under ``<root>`` (``<label>``: the wheel's local label, e.g. ``sm75.torch2.12cu130``)::
+
+    index.html                          human overview: one link per variant
+    <label>/index.html                  PEP 503 root: lists the project
+    <label>/sageattention/index.html    PEP 503 project page: the variant's wheels, #sha256= links
+
+Use: ``pip install --index-url <root>/<label>/ sageattention==<version>+<label>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+__all__ = ["IndexEntry", "variant_of", "write_index", "wheel_href", "entries_from_manifest", "main"]
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One wheel as the index sees it."""
+
+    filename: str
+    sha256: str
+    requires_python: str | None = None
+
+
+def variant_of(filename: str) -> str:
+    """The index variant a wheel belongs to: its local version label.
+
+    Raises ValueError for a wheel without a local label: such a wheel names no GPU/torch/CUDA
+    variant, so it has no index of its own in this release layout.
+    """
+    _name, version, _build, _tags = parse_wheel_filename(filename)
+    if not version.local:
+        raise ValueError(
+            f"wheel {filename!r} has no local version label; release wheels must carry one "
+            "(for example 2.2.0+sm75.torch2.12cu130)"
+        )
+    return version.local
+
+
+def wheel_href(filename: str, sha256: str, base_url: str | None) -> str:
+    """Link from a project page to a wheel.
+
+    Without ``base_url`` the wheel is expected three levels up (the release folder holds the wheels
+    and ``simple/`` side by side), which works for a local folder served as-is or via file://.
+    """
+    target = quote(filename)
+    if base_url:
+        if not base_url.endswith("/"):
+            base_url += "/"
+        url = base_url + target
+    else:
+        url = "../../../" + target
+    return f"{url}#sha256={sha256}"
+
+
+def _page(title: str, body_lines: list[str]) -> str:
+    lines = [
+        "<!DOCTYPE html>",
+        "<html>",
+        "  <head>",
+        '    <meta name="pypi:repository-version" content="1.0">',
+        f"    <title>{html.escape(title)}</title>",
+        "  </head>",
+        "  <body>",
+        f"    <h1>{html.escape(title)}</h1>",
+        *(f"    {line}<br>" for line in body_lines),
+        "  </body>",
+        "</html>",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_index(
+    root: Path,
+    project: str,
+    entries: list[IndexEntry],
+    base_url: str | None = None,
+) -> dict[str, str]:
+    """Write the per-variant indexes under ``root``; return {filename: its variant}.
+
+    Raises ValueError when two wheels of one variant share a tag (pip could not tell them apart)
+    or a wheel belongs to another project.
+    """
+    project_dir = canonicalize_name(project)
+    by_variant: dict[str, list[IndexEntry]] = defaultdict(list)
+    for entry in entries:
+        name, _version, _build, _tags = parse_wheel_filename(entry.filename)
+        if name != project_dir:
+            raise ValueError(f"wheel {entry.filename!r} is not a {project!r} wheel")
+        by_variant[variant_of(entry.filename)].append(entry)
+
+    where: dict[str, str] = {}
+    for variant, group in sorted(by_variant.items()):
+        seen: dict[object, str] = {}
+        for entry in group:
+            for tag in parse_wheel_filename(entry.filename)[3]:
+                other = seen.setdefault(tag, entry.filename)
+                if other != entry.filename:
+                    raise ValueError(
+                        f"wheels {other!r} and {entry.filename!r} share the tag {tag} in index "
+                        f"variant {variant!r}; one page may hold only one wheel per tag"
+                    )
+        variant_dir = root / variant
+        (variant_dir / project_dir).mkdir(parents=True, exist_ok=True)
+        (variant_dir / "index.html").write_text(
+            _page(
+                f"Simple index: {variant}",
+                [f'<a href="{project_dir}/">{html.escape(project_dir)}</a>'],
+            ),
+            encoding="utf-8",
+        )
+        links = []
+        for entry in sorted(group, key=lambda e: e.filename):
+            attrs = f'href="{html.escape(wheel_href(entry.filename, entry.sha256, base_url))}"'
+            if entry.requires_python:
+                attrs += f' data-requires-python="{html.escape(entry.requires_python)}"'
+            links.append(f"<a {attrs}>{html.escape(entry.filename)}</a>")
+            where[entry.filename] = variant
+        (variant_dir / project_dir / "index.html").write_text(
+            _page(f"Links for {project_dir} ({variant})", links), encoding="utf-8"
+        )
+
+    overview = [
+        f'<a href="{quote(variant)}/">{html.escape(variant)}</a>' for variant in sorted(by_variant)
+    ]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "index.html").write_text(
+        _page(f"{project}: one simple index per wheel variant", overview), encoding="utf-8"
+    )
+    return where
+
+
+def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
+    """Index entries for the wheels a release manifest (scripts/factory/release.py) lists."""
+    wheels = manifest.get("wheels") if isinstance(manifest, dict) else None
+    if not isinstance(wheels, list):
+        raise ValueError(
+            "manifest has no 'wheels' list; is it a sageattention release manifest.json?"
+        )
+    entries = []
+    for i, w in enumerate(wheels):
+        try:
+            entries.append(IndexEntry(w["filename"], w["sha256"], w.get("requires_python")))
+        except (KeyError, TypeError):
+            raise ValueError(f"manifest wheels[{i}] needs 'filename' and 'sha256'") from None
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rebuild a release's simple index from its manifest.json (e.g. to host it on GitHub Pages)."""
+    parser = argparse.ArgumentParser(
+        prog="python scripts/factory/index.py",
+        description="Write the per-variant PEP 503 indexes of the wheels a release manifest lists.",
+        epilog="exit codes: 0 written; 2 bad arguments or manifest",
+    )
+    parser.add_argument("--manifest", type=Path, required=True, help="the release's manifest.json")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the index into")
+    parser.add_argument(
+        "--wheel-base-url",
+        default=None,
+        help="absolute URL the wheels are downloaded from (e.g. the GitHub release "
+        "download URL); default: relative links, as in the release folder",
+    )
+    args = parser.parse_args(argv)
+    try:
+        manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
+        entries = entries_from_manifest(manifest)
+        where = write_index(
+            args.out, str(manifest.get("project", "sageattention")), entries, args.wheel_base_url
+        )
+    except (OSError, json.JSONDecodeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for variant in sorted(set(where.values())):
+        print(f"wrote {args.out / variant}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

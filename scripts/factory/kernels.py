@@ -1,0 +1,202 @@
+"""Compile a kernel family's .cu files into objects, cached across torch versions.
+
+Kernel .cu files include no torch header (csrc/ contract), so an object depends only on the
+nvcc version, the flags (fixed kernel C++ standard, -gencode list) and the sources it can
+include. The cache key hashes exactly those; a rebuild for another torch version, or of
+another cell with the same (CUDA, SM) family build, finds every object and compiles only
+the family's torch-facing bindings.cpp.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .arch import KERNEL_CXX_STD, REPO_ROOT, FamilyBuild
+from .errors import BuildError
+
+HEADER_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".inc")
+CACHE_ENV = "SAGEATTENTION_KERNEL_CACHE"
+HEARTBEAT_S = 30.0
+
+
+def default_cache_dir(root: Path = REPO_ROOT) -> Path:
+    return Path(os.environ.get(CACHE_ENV) or root / "build" / "kernel-cache")
+
+
+def jobs_from_env(env: os._Environ | dict = os.environ) -> int:
+    """MAX_JOBS (torch's convention) or the CPU count; at least 1."""
+    raw = env.get("MAX_JOBS")
+    if raw:
+        try:
+            jobs = int(raw)
+        except ValueError:
+            raise BuildError(f"MAX_JOBS must be a positive integer, got {raw!r}") from None
+        if jobs < 1:
+            raise BuildError(f"MAX_JOBS must be a positive integer, got {raw!r}")
+        return jobs
+    return max(1, os.cpu_count() or 1)
+
+
+def kernel_sources(build: FamilyBuild, root: Path = REPO_ROOT) -> list[Path]:
+    """The family's .cu files (torch-free kernels); bindings .cpp files are built elsewhere."""
+    folder = root / build.family.sources
+    sources = sorted(folder.glob("*.cu"))
+    if not sources:
+        raise BuildError(f"family {build.family.name}: no .cu files in {folder}")
+    return sources
+
+
+def binding_sources(build: FamilyBuild, root: Path = REPO_ROOT) -> list[Path]:
+    folder = root / build.family.sources
+    sources = sorted(folder.glob("*.cpp"))
+    if not sources:
+        raise BuildError(f"family {build.family.name}: no bindings .cpp in {folder}")
+    return sources
+
+
+def include_dirs(build: FamilyBuild, root: Path = REPO_ROOT) -> list[Path]:
+    return [root / build.family.sources, root / "csrc" / "common", root / "csrc"]
+
+
+def nvcc_flags(build: FamilyBuild, windows: bool = sys.platform == "win32") -> list[str]:
+    """Release flags for kernel objects: optimized, no debug info, position independent."""
+    host = ["-Xcompiler", "/MD", "-Xcompiler", "/O2"] if windows else \
+        ["-Xcompiler", "-fPIC", "-Xcompiler", "-O3"]
+    return ["-O3", f"-std={KERNEL_CXX_STD}", "-DNDEBUG", "--expt-relaxed-constexpr",
+            *host, *build.gencode_flags()]
+
+
+def cache_key(nvcc_id: str, flags: Sequence[str], source: Path, build: FamilyBuild,
+              root: Path = REPO_ROOT) -> str:
+    digest = hashlib.sha256()
+    digest.update(nvcc_id.encode())
+    digest.update("\0".join(flags).encode())
+    digest.update(source.relative_to(root).as_posix().encode())
+    # Everything the .cu could include: its family folder and csrc/common.
+    for folder in include_dirs(build, root)[:2]:
+        for path in sorted(folder.rglob("*")):
+            if path.suffix in HEADER_SUFFIXES and path.is_file():
+                digest.update(path.relative_to(root).as_posix().encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelObject:
+    source: Path
+    path: Path
+    cached: bool
+    seconds: float
+
+
+class _Progress:
+    """Prints one line per finished object and a heartbeat while compiles run."""
+
+    def __init__(self, family: str, total: int, log: Callable[[str], None]) -> None:
+        self.family, self.total, self.log = family, total, log
+        self.start = time.monotonic()
+        self.done = 0
+        self.running: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def begin(self, name: str) -> None:
+        with self.lock:
+            self.running[name] = time.monotonic()
+
+    def finish(self, name: str, note: str) -> None:
+        with self.lock:
+            self.running.pop(name, None)
+            self.done += 1
+            self.log(f"[kernels {self.family}] {self.done}/{self.total} {name}: {note} "
+                     f"(elapsed {self.elapsed():.1f}s)")
+
+    def heartbeat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            with self.lock:
+                names = ", ".join(f"{n} {time.monotonic() - t:.0f}s"
+                                  for n, t in self.running.items())
+            if names:
+                self.log(f"[kernels {self.family}] still compiling: {names} "
+                         f"(elapsed {self.elapsed():.0f}s)")
+
+
+def compile_family(build: FamilyBuild, *, nvcc: Path, nvcc_id: str, cache_dir: Path,
+                   jobs: int, root: Path = REPO_ROOT,
+                   log: Callable[[str], None] = print) -> list[KernelObject]:
+    """Compile (or take from the cache) every .cu object of one family; returns them in order."""
+    sources = kernel_sources(build, root)
+    flags = nvcc_flags(build)
+    windows = sys.platform == "win32"
+    suffix = ".obj" if windows else ".o"
+    family_dir = cache_dir / build.family.name
+    family_dir.mkdir(parents=True, exist_ok=True)
+    progress = _Progress(build.family.name, len(sources), log)
+    log(f"[kernels {build.family.name}] {len(sources)} objects, {jobs} job(s), "
+        f"{' '.join(build.gencode_flags())}, cache {family_dir}")
+
+    def one(source: Path) -> KernelObject:
+        key = cache_key(nvcc_id, flags, source, build, root)
+        target = family_dir / f"{source.stem}-{key}{suffix}"
+        if target.is_file():
+            progress.finish(source.name, "cache hit")
+            return KernelObject(source, target, True, 0.0)
+        progress.begin(source.name)
+        began = time.monotonic()
+        partial = target.with_name(target.name + f".{os.getpid()}.tmp")
+        command = [str(nvcc), "-c", str(source), "-o", str(partial), *flags,
+                   *[f"-I{d}" for d in include_dirs(build, root)]]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            partial.unlink(missing_ok=True)
+            progress.finish(source.name, "FAILED")
+            raise BuildError(f"nvcc failed on {source.relative_to(root)} "
+                             f"(exit {result.returncode}):\n{' '.join(command)}\n"
+                             f"{result.stdout}{result.stderr}")
+        os.replace(partial, target)  # atomic: a killed build never leaves a half object
+        seconds = time.monotonic() - began
+        progress.finish(source.name, f"compiled in {seconds:.1f}s")
+        return KernelObject(source, target, False, seconds)
+
+    beat = threading.Thread(target=progress.heartbeat, daemon=True)
+    beat.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            objects = list(pool.map(one, sources))
+    finally:
+        progress.stop.set()
+    hits = sum(o.cached for o in objects)
+    log(f"[kernels {build.family.name}] done: {len(objects) - hits} compiled, {hits} from "
+        f"cache, {progress.elapsed():.1f}s")
+    return objects
+
+
+def find_nvcc(env: os._Environ | dict = os.environ) -> Path | None:
+    """nvcc from CUDA_HOME / CUDA_PATH, else PATH."""
+    exe = "nvcc.exe" if sys.platform == "win32" else "nvcc"
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if env.get(var):
+            candidate = Path(env[var]) / "bin" / exe
+            if candidate.is_file():
+                return candidate
+    found = shutil.which("nvcc")
+    return Path(found) if found else None
+
+
+def nvcc_identity(nvcc: Path) -> str:
+    """The full ``nvcc --version`` text: part of every cache key."""
+    return subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,
+                          check=True).stdout

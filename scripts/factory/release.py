@@ -1,0 +1,666 @@
+"""Assemble a release folder from built wheels and their validation reports: validated wheels only.
+
+A wheel is accepted only when ``<reports>/<wheel stem>.report.json`` exists, names this wheel,
+carries its sha256, has no failed check (and at least one passed one), and says it ran on a GPU
+this wheel can run on; and when its notes ``<reports>/<wheel stem>.md`` exist. Everything else is
+refused, with the reasons, and is not copied.
+
+The release folder holds (flat, so it can be uploaded as GitHub release assets as-is)::
+
+    <wheels>.whl  <stem>.md (notes)  <stem>.report.json  manifest.json  SHA256SUMS  RELEASE_BODY.md
+    simple/<local label>/sageattention/index.html   (PEP 503, see scripts/factory/index.py)
+
+``manifest.json`` is what ``scripts/pick_wheel.py`` reads; docs/release.md documents its format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+try:  # run as `python scripts/factory/release.py` or imported as scripts.factory.release
+    from . import index as index_mod
+    from . import report as report_mod
+except ImportError:  # pragma: no cover - script mode
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import index as index_mod  # type: ignore[no-redef]
+    import report as report_mod  # type: ignore[no-redef]
+
+PROJECT = "sageattention"
+MANIFEST_SCHEMA_VERSION = 1
+BUILD_INFO_PATH = "sageattention/_build_info.json"
+
+EXIT_OK = 0
+EXIT_REFUSED = 1  # some wheel refused (the release is still written with the accepted ones)
+EXIT_USAGE = 2
+EXIT_NOTHING = 3  # no wheel accepted: nothing written
+
+__all__ = [
+    "Accepted",
+    "Refused",
+    "ReleasePlan",
+    "GpuTarget",
+    "parse_gpu_target",
+    "parse_compute_capability",
+    "normalize_cuda",
+    "judge_wheel",
+    "plan_release",
+    "write_release",
+    "main",
+]
+
+
+# ---------------------------------------------------------------- small parsers (pure)
+
+_TARGET_RE = re.compile(r"^(?:sm_?|compute_?)?(\d+)(\d)([af]?)(\+ptx)?$", re.IGNORECASE)
+_DOTTED_TARGET_RE = re.compile(r"^(\d+)\.(\d+)([af]?)(\+ptx)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """One SM target of a wheel: SASS for ``cc`` (runs on the same major, minor >= ``cc``'s;
+    only on exactly ``cc`` when arch-specific like sm_90a), plus PTX when embedded (JIT-compiled
+    by the driver on any newer GPU)."""
+
+    name: str
+    cc: tuple[int, int]
+    ptx: bool
+    arch_specific: bool
+
+    def as_json(self) -> dict:
+        return {
+            "name": self.name,
+            "cc": f"{self.cc[0]}.{self.cc[1]}",
+            "sass": True,
+            "ptx": self.ptx,
+            "arch_specific": self.arch_specific,
+        }
+
+    def runs_on(self, cc: tuple[int, int]) -> str | None:
+        """'native', 'ptx-jit' or None: how code built for this target runs on a GPU of ``cc``."""
+        if self.arch_specific:
+            if cc == self.cc:
+                return "native"
+        elif cc[0] == self.cc[0] and cc[1] >= self.cc[1]:
+            return "native"
+        if self.ptx and cc >= self.cc:
+            return "ptx-jit"
+        return None
+
+
+def parse_gpu_target(text: str) -> GpuTarget:
+    """Parse an SM target as build info writes it: ``sm75``, ``sm75+PTX``, ``sm_90a``, ``8.9``."""
+    if not isinstance(text, str):
+        raise TypeError(f"SM target must be a string like 'sm75+PTX', got {type(text).__name__}")
+    cleaned = text.strip()
+    match = _TARGET_RE.match(cleaned) or _DOTTED_TARGET_RE.match(cleaned)
+    if not match:
+        raise ValueError(
+            f"unrecognised SM target {text!r}; "
+            "expected forms like 'sm75', 'sm75+PTX', 'sm_90a', '8.9'"
+        )
+    major, minor, suffix, ptx = match.groups()
+    return GpuTarget(
+        name=cleaned,
+        cc=(int(major), int(minor)),
+        ptx=bool(ptx),
+        arch_specific=bool(suffix),
+    )
+
+
+def parse_compute_capability(value: object) -> tuple[int, int]:
+    """Compute capability from a report: ``"9.0"``, ``[9, 0]``, ``"sm90"``, ``"sm_90"``, ``90``."""
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10:
+        return divmod(value, 10)
+    if isinstance(value, str):
+        try:
+            target = parse_gpu_target(value)
+        except ValueError:
+            pass
+        else:
+            if not target.ptx and not target.arch_specific:
+                return target.cc
+    raise ValueError(
+        f"unrecognised compute capability {value!r}; expected '9.0', [9, 0], 'sm90' or 90"
+    )
+
+
+def normalize_cuda(value: object) -> str:
+    """CUDA version as ``"13.0"`` from ``"13.0"``, ``"cu130"``, ``"cu128"`` or ``"12.8.1"``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"unrecognised CUDA version {value!r}; expected '13.0' or 'cu130'")
+    text = value.strip().lower()
+    if text.startswith("cu"):
+        digits = text[2:]
+        if digits.isdigit() and len(digits) >= 2:
+            return f"{int(digits[:-1])}.{int(digits[-1])}"
+    else:
+        parts = text.split(".")
+        if len(parts) >= 2 and all(p.isdigit() for p in parts):
+            return f"{int(parts[0])}.{int(parts[1])}"
+    raise ValueError(f"unrecognised CUDA version {value!r}; expected '13.0' or 'cu130'")
+
+
+def os_of_platform_tag(platform_tag: str) -> str:
+    """'linux', 'windows' or 'macos' for a wheel platform tag (display and grouping only)."""
+    if platform_tag.startswith(("linux", "manylinux", "musllinux")):
+        return "linux"
+    if platform_tag.startswith("win"):
+        return "windows"
+    if platform_tag.startswith("macosx"):
+        return "macos"
+    return platform_tag
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- judging one wheel
+
+
+@dataclass(frozen=True)
+class WheelFacts:
+    """What the wheel itself says: filename facts, its build info and its METADATA."""
+
+    filename: str
+    version: str
+    local_label: str
+    tags: tuple[str, ...]
+    platforms: tuple[str, ...]
+    build_info: dict
+    requires_python: str | None
+    torch_requirement: str | None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    path: Path
+    sha256: str
+    size: int
+    facts: WheelFacts
+    targets: tuple[GpuTarget, ...]
+    report: dict
+    report_path: Path
+    note_path: Path
+
+
+@dataclass(frozen=True)
+class Refused:
+    filename: str
+    reasons: tuple[str, ...]
+
+
+@dataclass
+class ReleasePlan:
+    accepted: list[Accepted] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
+
+
+def read_wheel_facts(path: Path) -> WheelFacts:
+    """Read the filename, build info and METADATA of a wheel. Raises ValueError if unusable."""
+    try:
+        name, version, _build, tags = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise ValueError(f"not a valid wheel filename: {exc}") from None
+    if name != canonicalize_name(PROJECT):
+        raise ValueError(f"not a {PROJECT} wheel (project {name!r})")
+    if not version.local:
+        raise ValueError("the version has no local label (expected e.g. 2.2.0+sm75.torch2.12cu130)")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            if BUILD_INFO_PATH not in names:
+                raise ValueError(
+                    f"the wheel has no {BUILD_INFO_PATH}: it was not built by the factory"
+                )
+            build_info = json.loads(zf.read(BUILD_INFO_PATH))
+            metadata_name = next(
+                (n for n in names if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None
+            )
+            if metadata_name is None:
+                raise ValueError("the wheel has no .dist-info/METADATA")
+            metadata = HeaderParser().parsestr(zf.read(metadata_name).decode("utf-8"))
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"not a readable zip file: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{BUILD_INFO_PATH} is not valid JSON: {exc}") from None
+    if not isinstance(build_info, dict):
+        raise ValueError(f"{BUILD_INFO_PATH} is not a JSON object")
+    torch_req = None
+    for line in metadata.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) == "torch" and req.marker is None:
+            torch_req = str(req.specifier) or None
+    return WheelFacts(
+        filename=path.name,
+        version=str(version),
+        local_label=version.local,
+        tags=tuple(sorted(str(t) for t in tags)),
+        platforms=tuple(sorted({t.platform for t in tags})),
+        build_info=build_info,
+        requires_python=metadata.get("Requires-Python"),
+        torch_requirement=torch_req,
+    )
+
+
+def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ...]]:
+    reasons: list[str] = []
+    info = facts.build_info
+    if info.get("local_label") not in (None, facts.local_label):
+        reasons.append(
+            f"build info local_label {info.get('local_label')!r} does not match the filename's "
+            f"{facts.local_label!r}"
+        )
+    for key in ("torch", "cuda", "sm_targets", "cell_id"):
+        if not info.get(key):
+            reasons.append(f"build info has no {key!r}")
+    targets: list[GpuTarget] = []
+    raw_targets = info.get("sm_targets") or []
+    if not isinstance(raw_targets, list):
+        reasons.append(f"build info sm_targets must be a list, got {raw_targets!r}")
+        raw_targets = []
+    for raw in raw_targets:
+        try:
+            targets.append(parse_gpu_target(raw))
+        except (TypeError, ValueError) as exc:
+            reasons.append(f"build info: {exc}")
+    if info.get("cuda"):
+        try:
+            normalize_cuda(info["cuda"])
+        except ValueError as exc:
+            reasons.append(f"build info: {exc}")
+    return reasons, tuple(targets)
+
+
+def _check_report(
+    report_path: Path, wheel_path: Path, targets: tuple[GpuTarget, ...]
+) -> tuple[list[str], dict | None]:
+    """Reasons to refuse the wheel on account of its report (empty: the report clears it)."""
+    if not report_path.is_file():
+        return [
+            f"no validation report ({report_path.name} missing): the wheel was not validated"
+        ], None
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return [f"report {report_path.name} is not readable JSON: {exc}"], None
+    # The report format is report.py's rule; the release only adds what "validated" means.
+    problems = report_mod.validate_report(report)
+    reasons = [f"invalid report: {p}" for p in problems]
+    if not isinstance(report, dict):
+        return reasons, None
+    wheel = report.get("wheel")
+    if isinstance(wheel, dict) and {"filename", "sha256"} <= wheel.keys():
+        try:
+            report_mod.verify_wheel(report, wheel_path)  # same file name, same sha256
+        except report_mod.ReportError as exc:
+            reasons.append(str(exc))
+
+    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
+    statuses = [c.get("status") if isinstance(c, dict) else None for c in checks]
+    failed = [str(c.get("name", "?")) for c, s in zip(checks, statuses) if s == "fail"]
+    if failed:
+        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        reasons.append(f"validation failed: {len(failed)} check(s) failed ({shown})")
+    if "pass" not in statuses:
+        reasons.append("no check passed")
+
+    execution = report.get("execution")
+    env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
+    try:
+        cc = parse_compute_capability(env.get("compute_capability"))
+    except ValueError:
+        cc = None  # validate_report has named the problem
+    if cc is not None and targets and execution in report_mod.EXECUTIONS:
+        # The report must come from a GPU this wheel runs on, the way the report says it ran.
+        ways = {t.runs_on(cc) for t in targets} - {None}
+        if execution not in ways:
+            can = " or ".join(sorted(ways)) if ways else "not at all"
+            reasons.append(
+                f"report says {execution} on compute capability {cc[0]}.{cc[1]}, but this wheel "
+                f"({', '.join(t.name for t in targets)}) runs there {can}"
+            )
+    return reasons, report
+
+
+def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
+    """Accept or refuse one wheel, naming every reason for a refusal."""
+    try:
+        facts = read_wheel_facts(wheel_path)
+    except ValueError as exc:
+        return Refused(wheel_path.name, (str(exc),))
+    sha256 = sha256_of(wheel_path)
+    stem = wheel_path.name[: -len(".whl")]
+    reasons, targets = _check_build_info(facts)
+    report_path = reports_dir / f"{stem}.report.json"
+    report_reasons, report = _check_report(report_path, wheel_path, targets)
+    reasons += report_reasons
+    note_path = reports_dir / f"{stem}.md"
+    if not note_path.is_file():
+        reasons.append(f"no release notes ({note_path.name} missing): run the notes step")
+    if reasons or report is None:
+        return Refused(wheel_path.name, tuple(reasons))
+    return Accepted(
+        path=wheel_path,
+        sha256=sha256,
+        size=wheel_path.stat().st_size,
+        facts=facts,
+        targets=targets,
+        report=report,
+        report_path=report_path,
+        note_path=note_path,
+    )
+
+
+def plan_release(wheels: list[Path], reports_dir: Path) -> ReleasePlan:
+    plan = ReleasePlan()
+    for wheel in sorted(wheels, key=lambda p: p.name):
+        verdict = judge_wheel(wheel, reports_dir)
+        (plan.accepted if isinstance(verdict, Accepted) else plan.refused).append(verdict)
+    public = {Version(a.facts.version).public for a in plan.accepted}
+    if len(public) > 1:
+        raise ValueError(f"wheels of several versions in one release: {sorted(public)}")
+    return plan
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def validation_summary(report: dict) -> dict:
+    checks = report.get("checks", [])
+    counts = {s: sum(1 for c in checks if c.get("status") == s) for s in ("pass", "fail", "skip")}
+    env = report.get("environment", {})
+    perf = report.get("performance") if isinstance(report.get("performance"), dict) else {}
+    cc = parse_compute_capability(env.get("compute_capability"))
+    return {
+        "status": "passed",
+        "gpu_name": env.get("gpu_name"),
+        "compute_capability": f"{cc[0]}.{cc[1]}",
+        "execution": report.get("execution"),
+        "checks_passed": counts["pass"],
+        "checks_failed": counts["fail"],
+        "checks_skipped": counts["skip"],
+        "backends": sorted(
+            {c["backend"] for c in checks if c.get("status") == "pass" and c.get("backend")}
+        ),
+        "geomean_speedup_vs_sdpa": perf.get("geomean_speedup_vs_sdpa"),
+    }
+
+
+def manifest_entry(item: Accepted, index_dir: str) -> dict:
+    facts = item.facts
+    info = facts.build_info
+    stem = facts.filename[: -len(".whl")]
+    return {
+        "filename": facts.filename,
+        "url": facts.filename,  # relative to manifest.json (release assets are flat)
+        "sha256": item.sha256,
+        "size": item.size,
+        "version": facts.version,
+        "local_label": facts.local_label,
+        "cell": info.get("cell_id"),
+        "tags": list(facts.tags),
+        "os": sorted({os_of_platform_tag(p) for p in facts.platforms}),
+        "requires_python": facts.requires_python,
+        "torch": info.get("torch"),
+        "torch_requirement": facts.torch_requirement,
+        "cuda": normalize_cuda(info["cuda"]),
+        "gpu_targets": [t.as_json() for t in item.targets],
+        "families": info.get("families"),
+        "execution": item.report.get("execution"),
+        "validation": validation_summary(item.report),
+        "note": f"{stem}.md",
+        "report": f"{stem}.report.json",
+        "index": f"{index_dir}/{facts.local_label}/",
+    }
+
+
+def render_body(version: str, entries: list[dict], plan: ReleasePlan, notes: dict[str, str]) -> str:
+    lines = [
+        f"# {PROJECT} {version}",
+        "",
+        "Every wheel below passed the GPU validation suite on the GPU named in its row; "
+        "wheels that were not validated, failed, or changed after validation are not published.",
+        "",
+        "Find the one wheel for your machine (standard library only; reads your OS, Python, torch, "
+        "CUDA and GPU):",
+        "",
+        "```",
+        "python scripts/pick_wheel.py --manifest <this release's manifest.json URL>",
+        "```",
+        "",
+        "| wheel | OS | torch | CUDA | SM targets | validated on | runs there as | checks "
+        "| geomean vs SDPA |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        v = e["validation"]
+        speed = v["geomean_speedup_vs_sdpa"]
+        lines.append(
+            f"| `{e['filename']}` | {', '.join(e['os'])} | {e['torch']} | {e['cuda']} | "
+            f"{', '.join(t['name'] for t in e['gpu_targets'])} | "
+            f"{v['gpu_name']} ({v['compute_capability']}) | "
+            f"{v['execution']} | {v['checks_passed']} passed, {v['checks_skipped']} skipped | "
+            f"{f'{speed:.2f}x' if isinstance(speed, (int, float)) else 'n/a'} |"
+        )
+    lines += [
+        "",
+        "`ptx-jit` means the wheel's code ran as PTX compiled by the driver on a newer GPU: that "
+        "validates the code path's correctness, not the older GPU itself.",
+        "",
+        "Checksums: `SHA256SUMS` (`sha256sum -c SHA256SUMS`). "
+        "Machine-readable list: `manifest.json`.",
+    ]
+    if plan.refused:
+        lines += ["", "## Not published", ""]
+        for r in plan.refused:
+            lines.append(f"- `{r.filename}`: {'; '.join(r.reasons)}")
+    for e in entries:
+        lines += ["", f"## {e['filename']}", "", notes[e["filename"]].strip()]
+    return "\n".join(lines) + "\n"
+
+
+def write_release(
+    plan: ReleasePlan,
+    out_dir: Path,
+    index_base_url: str | None = None,
+    index_url: str | None = None,
+    index_dir: str = "simple",
+) -> dict:
+    """Write the release folder atomically (built beside ``out_dir``, then moved).
+
+    Returns the manifest."""
+    if not plan.accepted:
+        raise ValueError("no wheel was accepted: refusing to write an empty release")
+    out_dir = out_dir.resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        entries, notes, index_entries = [], {}, []
+        for item in plan.accepted:
+            shutil.copy2(item.path, staging / item.path.name)
+            shutil.copy2(item.report_path, staging / item.report_path.name)
+            shutil.copy2(item.note_path, staging / item.note_path.name)
+            notes[item.path.name] = item.note_path.read_text(encoding="utf-8")
+            entries.append(manifest_entry(item, index_dir))
+            index_entries.append(
+                index_mod.IndexEntry(item.path.name, item.sha256, item.facts.requires_python)
+            )
+        index_mod.write_index(staging / index_dir, PROJECT, index_entries, index_base_url)
+        version = Version(entries[0]["version"]).public
+        manifest = {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "project": PROJECT,
+            "version": version,
+            "generated_by": "scripts/factory/release.py (nox -s release)",
+            "index": {
+                "layout": "one PEP 503 index per local label",
+                "path": f"{index_dir}/",
+                "url": index_url,
+                "wheel_base_url": index_base_url,
+            },
+            "wheels": entries,
+            "refused": [{"filename": r.filename, "reasons": list(r.reasons)} for r in plan.refused],
+        }
+        (staging / "manifest.json").write_text(
+            json.dumps(manifest, indent=2, sort_keys=False) + "\n", encoding="utf-8"
+        )
+        summed = sorted(p.name for p in staging.iterdir() if p.is_file())
+        (staging / "SHA256SUMS").write_text(
+            "".join(f"{sha256_of(staging / name)}  {name}\n" for name in summed), encoding="utf-8"
+        )
+        (staging / "RELEASE_BODY.md").write_text(
+            render_body(version, entries, plan, notes), encoding="utf-8"
+        )
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nox -s release --",
+        description=(
+            "Assemble a release folder from built wheels and their GPU validation reports. "
+            "Only wheels whose report exists, matches the wheel's sha256 and passed are published; "
+            "every refusal is printed with its reasons."
+        ),
+        epilog=(
+            f"exit codes: {EXIT_OK} all wheels accepted (or some refused with --allow-partial); "
+            f"{EXIT_REFUSED} some refused (release still written with the accepted ones); "
+            f"{EXIT_USAGE} bad arguments or inputs; "
+            f"{EXIT_NOTHING} no wheel accepted (nothing written)"
+        ),
+    )
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        default=Path("wheelhouse"),
+        help="folder of built (repaired) wheels (default: wheelhouse)",
+    )
+    parser.add_argument(
+        "--reports",
+        type=Path,
+        default=Path("release_notes"),
+        help="folder of <wheel stem>.report.json and <wheel stem>.md (default: release_notes)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("dist/release"),
+        help="release folder to write; replaced if it holds a previous release "
+        "(default: dist/release)",
+    )
+    parser.add_argument(
+        "--index-base-url",
+        default=None,
+        help="absolute URL the index links wheels under (e.g. the GitHub release "
+        "download URL); default: relative links into the release folder",
+    )
+    parser.add_argument(
+        "--index-url",
+        default=None,
+        help="public URL where the simple/ folder will be hosted; recorded in "
+        "manifest.json so the picker can print the --index-url command",
+    )
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even if some wheels were refused (they are still left out)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.wheels.is_dir():
+        print(f"error: wheel folder {args.wheels} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.reports.is_dir():
+        print(f"error: report folder {args.reports} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    if args.out.exists() and any(args.out.iterdir()) and not (args.out / "manifest.json").is_file():
+        print(
+            f"error: {args.out} is not empty and holds no previous release; choose another --out",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    wheels = sorted(args.wheels.glob("*.whl"))
+    if not wheels:
+        print(f"error: no *.whl in {args.wheels}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        plan = plan_release(wheels, args.reports)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "accepted": [a.path.name for a in plan.accepted],
+                    "refused": [
+                        {"filename": r.filename, "reasons": list(r.reasons)} for r in plan.refused
+                    ],
+                    "out": str(args.out) if plan.accepted else None,
+                },
+                indent=2,
+            )
+        )
+    else:
+        for item in plan.accepted:
+            print(f"accepted  {item.path.name}")
+        for r in plan.refused:
+            print(f"REFUSED   {r.filename}")
+            for reason in r.reasons:
+                print(f"          - {reason}")
+    if not plan.accepted:
+        print("error: no wheel passed the release checks; nothing written", file=sys.stderr)
+        return EXIT_NOTHING
+    write_release(plan, args.out, args.index_base_url, args.index_url)
+    if not args.json:
+        print(f"wrote {len(plan.accepted)} wheel(s) to {args.out} ({len(plan.refused)} refused)")
+    if plan.refused and not args.allow_partial:
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

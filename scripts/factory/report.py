@@ -1,0 +1,284 @@
+"""Validation reports: the versioned JSON that binds a wheel (file name and sha256) to one run.
+
+A report is ``release_notes/<wheel file name without .whl>.report.json``. It is built from the
+suite's result document (``python -m sageattention.validation --json``) plus the wheel's identity,
+checked, and written atomically. The fields other code relies on (docs/architecture.md):
+``schema_version``, ``wheel.filename``, ``wheel.sha256``, ``environment.gpu_name``,
+``environment.compute_capability``, ``execution``, ``checks[]`` (``name``, ``status``,
+``backend``), ``performance.cases[]`` (``speedup_vs_sdpa``), ``performance.geomean_speedup_vs_sdpa``.
+Stdlib and ``packaging`` only: it runs on offline GPU runners.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+SCHEMA_VERSION = 1
+REPORT_SUFFIX = ".report.json"
+EXECUTIONS = ("native", "ptx-jit")
+STATUSES = ("pass", "fail", "skip")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_CAPABILITY = re.compile(r"^\d+\.\d+$")
+# platform tag prefix -> platform.system() of a run that may validate such a wheel
+_PLATFORM_OS = (("win", "Windows"), ("manylinux", "Linux"), ("musllinux", "Linux"),
+                ("linux", "Linux"), ("macosx", "Darwin"))
+
+
+class ReportError(ValueError):
+    """A report (or the wheel it names) is not what it must be; the message lists why."""
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def parse_wheel_name(filename: str):
+    """``packaging``'s parse of a wheel file name, with an error that says what is accepted."""
+    try:
+        return parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        raise ReportError(f"{filename!r} is not a wheel file name ({exc}); expected "
+                          f"'<name>-<version>-<python tag>-<abi tag>-<platform tag>.whl'") from None
+
+
+def report_filename(wheel_filename: str) -> str:
+    """``sageattention-2.2.0+sm75...-linux_x86_64.whl`` -> ``<same without .whl>.report.json``."""
+    parse_wheel_name(wheel_filename)
+    return Path(wheel_filename).stem + REPORT_SUFFIX
+
+
+def wheel_stem(wheel_filename: str) -> str:
+    parse_wheel_name(wheel_filename)
+    return Path(wheel_filename).stem
+
+
+def wheel_os(wheel_filename: str) -> str | None:
+    """The OS (as platform.system() names it) a wheel's platform tags are for; None if any."""
+    _, _, _, tags = parse_wheel_name(wheel_filename)
+    systems = {system for tag in tags for prefix, system in _PLATFORM_OS
+               if tag.platform.startswith(prefix)}
+    return systems.pop() if len(systems) == 1 else None
+
+
+def wheel_identity(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    name, version, build, tags = parse_wheel_name(path.name)
+    return {
+        "filename": path.name,
+        "sha256": sha256_file(path),
+        "size": path.stat().st_size,
+        "name": str(name),
+        "version": str(version),
+        "tags": sorted(str(t) for t in tags),
+    }
+
+
+def build_report(suite: dict, *, wheel: dict, command: str, mode: str) -> dict:
+    """The report for ``wheel`` (from :func:`wheel_identity`) from the suite's result document."""
+    build_info = suite.get("build_info")
+    if build_info is not None:
+        _same_version(wheel, build_info)
+    report = {
+        "schema_version": SCHEMA_VERSION,
+        "wheel": wheel,
+        "run": {
+            "command": command,
+            "mode": mode,
+            "suite_command": suite.get("environment", {}).get("command"),
+            "suite_version": suite.get("suite_version"),
+            "profile": suite.get("profile"),
+            "duration_s": suite.get("duration_s"),
+            "written": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        },
+        "environment": suite.get("environment", {}),
+        "execution": suite.get("execution"),
+        "expectation": suite.get("expectation"),
+        "build_info": build_info,
+        "package": suite.get("package"),
+        "families": suite.get("families"),
+        "backends_table": suite.get("backends_table"),
+        "checks": suite.get("checks", []),
+        "summary": suite.get("summary"),
+        "accuracy": suite.get("accuracy"),
+        "performance": suite.get("performance") or {"cases": [], "geomean_speedup_vs_sdpa": None},
+    }
+    problems = validate_report(report)
+    if problems:
+        raise ReportError("the suite's result does not make a valid report:\n  "
+                          + "\n  ".join(problems))
+    return report
+
+
+def _same_version(wheel: dict, build_info: dict) -> None:
+    try:
+        inside = Version(str(build_info.get("version")))
+    except InvalidVersion:
+        raise ReportError(f"the installed package's build info has no valid version: "
+                          f"{build_info.get('version')!r}") from None
+    if inside != Version(wheel["version"]):
+        raise ReportError(f"the suite ran sageattention {inside}, but the wheel is "
+                          f"{wheel['filename']} ({wheel['version']}): another installation "
+                          f"shadowed the wheel")
+
+
+def validate_report(doc: Any) -> list[str]:
+    """Everything wrong with a report, as sentences; an empty list means it is valid."""
+    if not isinstance(doc, dict):
+        return [f"a report is a JSON object, got {type(doc).__name__}"]
+    problems: list[str] = []
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        problems.append("schema_version must be an integer")
+    elif version != SCHEMA_VERSION:
+        problems.append(f"schema_version {version} is not supported (this code reads "
+                        f"{SCHEMA_VERSION})")
+    wheel = doc.get("wheel")
+    filename = None
+    if not isinstance(wheel, dict):
+        problems.append("wheel must be an object with filename and sha256")
+    else:
+        filename = wheel.get("filename")
+        try:
+            parse_wheel_name(str(filename))
+        except ReportError as exc:
+            problems.append(f"wheel.filename: {exc}")
+            filename = None
+        if not isinstance(wheel.get("sha256"), str) or not _SHA256.match(wheel["sha256"]):
+            problems.append("wheel.sha256 must be 64 lower-case hex digits")
+    env = doc.get("environment")
+    if not isinstance(env, dict):
+        problems.append("environment must be an object")
+        env = {}
+    if not isinstance(env.get("gpu_name"), str) or not env.get("gpu_name"):
+        problems.append("environment.gpu_name must be a non-empty string")
+    cap = env.get("compute_capability")
+    if not isinstance(cap, str) or not _CAPABILITY.match(cap):
+        problems.append(f"environment.compute_capability must look like '9.0', got {cap!r}")
+    if doc.get("execution") not in EXECUTIONS:
+        problems.append(f"execution must be one of {EXECUTIONS}, got {doc.get('execution')!r}")
+    problems += _check_checks(doc.get("checks"))
+    problems += _check_performance(doc.get("performance"))
+    if filename is not None and isinstance(env.get("os"), str):
+        expected = wheel_os(filename)
+        if expected is not None and env["os"] != expected:
+            # A Windows wheel never inherits a Linux run's results, nor the reverse.
+            problems.append(f"the wheel {filename} is for {expected}, but the run was on "
+                            f"{env['os']}: a report only covers the wheel it ran")
+    return problems
+
+
+def _check_checks(checks: Any) -> list[str]:
+    if not isinstance(checks, list) or not checks:
+        return ["checks must be a non-empty list"]
+    problems, seen = [], set()
+    for i, check in enumerate(checks):
+        where = f"checks[{i}]"
+        if not isinstance(check, dict):
+            problems.append(f"{where} must be an object")
+            continue
+        name = check.get("name")
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where}.name must be a non-empty string")
+        elif name in seen:
+            problems.append(f"{where}.name {name!r} appears twice")
+        seen.add(name)
+        status = check.get("status")
+        if status not in STATUSES:
+            problems.append(f"{where}.status must be one of {STATUSES}, got {status!r}")
+        elif status != "pass" and not isinstance(check.get("reason"), str):
+            problems.append(f"{where} ({name}) is {status} without a reason")
+        if "backend" not in check or not isinstance(check["backend"], (str, type(None))):
+            problems.append(f"{where}.backend must be a string or null")
+    return problems
+
+
+def _number_or_none(x: Any) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)
+                         and math.isfinite(x))
+
+
+def _check_performance(perf: Any) -> list[str]:
+    if not isinstance(perf, dict):
+        return ["performance must be an object"]
+    problems = []
+    cases = perf.get("cases")
+    if not isinstance(cases, list):
+        problems.append("performance.cases must be a list")
+    else:
+        for i, case in enumerate(cases):
+            if not isinstance(case, dict) or not _number_or_none(case.get("speedup_vs_sdpa")) \
+                    or "speedup_vs_sdpa" not in case:
+                problems.append(f"performance.cases[{i}].speedup_vs_sdpa must be a number or "
+                                f"null")
+    if "geomean_speedup_vs_sdpa" not in perf or not _number_or_none(
+            perf.get("geomean_speedup_vs_sdpa")):
+        problems.append("performance.geomean_speedup_vs_sdpa must be a number or null")
+    return problems
+
+
+def load_report(path: str | os.PathLike) -> dict:
+    """Read and validate a report; ReportError names the file and every problem."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReportError(f"{path}: no such report") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+    problems = validate_report(doc)
+    if problems:
+        raise ReportError(f"{path} is not a valid report:\n  " + "\n  ".join(problems))
+    return doc
+
+
+def verify_wheel(report: dict, wheel_path: str | os.PathLike) -> None:
+    """Check that ``report`` is the report of exactly this wheel file (name and sha256)."""
+    wheel_path = Path(wheel_path)
+    bound = report["wheel"]
+    if wheel_path.name != bound["filename"]:
+        raise ReportError(f"the report is for {bound['filename']}, not {wheel_path.name}")
+    actual = sha256_file(wheel_path)
+    if actual != bound["sha256"]:
+        raise ReportError(f"{wheel_path.name}: sha256 {actual} differs from the report's "
+                          f"{bound['sha256']}: the wheel changed after validation; validate it "
+                          f"again")
+
+
+def write_report(report: dict, out_dir: str | os.PathLike) -> Path:
+    """Validate, then write ``<out_dir>/<wheel stem>.report.json`` atomically."""
+    problems = validate_report(report)
+    if problems:
+        raise ReportError("refusing to write an invalid report:\n  " + "\n  ".join(problems))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / report_filename(report["wheel"]["filename"])
+    atomic_write_text(target, json.dumps(report, indent=2, allow_nan=False) + "\n")
+    return target
+
+
+def atomic_write_text(target: Path, text: str) -> None:
+    """Write to a temporary file beside ``target``, then rename: readers never see half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

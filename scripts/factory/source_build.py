@@ -1,0 +1,171 @@
+"""What setup.py builds: SM targets, torch, nvcc, families, version label, checked up front.
+
+setup.py calls :func:`resolve` once. Targets come from, in order:
+``SAGEATTENTION_SM_TARGETS`` ("sm80;sm90+PTX"), ``TORCH_CUDA_ARCH_LIST`` ("8.0;9.0+PTX"),
+or the GPUs torch can see. ``SAGEATTENTION_CELL`` (set by the factory) names the matrix cell
+the environment must match. Every failure is a ToolchainError saying what is missing and
+what to set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform as _platform
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Mapping
+
+from packaging.version import Version
+
+from . import arch, kernels
+from .errors import ToolchainError
+from .labels import LocalLabel, base_version
+from .model import Cell, Target, parse_targets
+
+TARGETS_ENV = "SAGEATTENTION_SM_TARGETS"
+CELL_ENV = "SAGEATTENTION_CELL"
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchFacts:
+    version: str
+    cuda: str | None
+    gpu_capabilities: tuple[tuple[int, int], ...]
+
+
+def probe_torch() -> TorchFacts:
+    try:
+        import torch
+    except ImportError as exc:
+        raise ToolchainError(
+            "torch is not importable in the build environment. Install a CUDA build of torch "
+            "first, then build without isolation so the build sees it:\n"
+            "    pip install torch\n    pip install --no-build-isolation <this package>\n"
+            f"(import error: {exc})") from exc
+    caps: tuple[tuple[int, int], ...] = ()
+    if torch.version.cuda and torch.cuda.is_available():
+        caps = tuple(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
+    return TorchFacts(torch.__version__, torch.version.cuda, caps)
+
+
+def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
+                     ) -> tuple[tuple[Target, ...], str]:
+    """(targets, where they came from)."""
+    if env.get(TARGETS_ENV):
+        try:
+            return parse_targets(env[TARGETS_ENV]), TARGETS_ENV
+        except ValueError as exc:
+            raise ToolchainError(f"{TARGETS_ENV}={env[TARGETS_ENV]!r}: {exc}") from None
+    if env.get("TORCH_CUDA_ARCH_LIST"):
+        parts = []
+        for item in re.split(r"[;\s]+", env["TORCH_CUDA_ARCH_LIST"].strip()):
+            match = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", item)
+            if match is None:
+                raise ToolchainError(f"TORCH_CUDA_ARCH_LIST item {item!r} is not like '8.0' or "
+                                     f"'9.0+PTX'; or set {TARGETS_ENV}='sm80;sm90+PTX' instead")
+            parts.append(f"sm{match[1]}{match[2]}" + (match[3] or ""))
+        return parse_targets(";".join(parts)), "TORCH_CUDA_ARCH_LIST"
+    if caps:
+        return parse_targets(";".join(f"sm{a}{b}" for a, b in caps)), "the visible GPU(s)"
+    raise ToolchainError(
+        f"no SM targets: no CUDA GPU is visible and {TARGETS_ENV} is not set. Set it to the "
+        "GPUs this build is for, for example\n"
+        f"    {TARGETS_ENV}='sm80' pip install --no-build-isolation .\n"
+        "(one or more of sm75, sm80, sm86, sm87, sm89, sm90, ';'-separated; add '+PTX' to "
+        "embed PTX for newer GPUs)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceBuild:
+    targets: tuple[Target, ...]
+    targets_from: str
+    torch_version: str
+    cuda: str
+    nvcc: Path
+    nvcc_version: Version
+    nvcc_id: str
+    builds: tuple[arch.FamilyBuild, ...]
+    label: LocalLabel
+    version: str
+    torch_requirement: str
+    cxx_std: str
+    cell_id: str | None
+    jobs: int
+
+    def describe(self) -> str:
+        lines = [f"sageattention {self.version}: targets {' '.join(map(str, self.targets))} "
+                 f"(from {self.targets_from}), torch {self.torch_version}, CUDA {self.cuda}, "
+                 f"nvcc {self.nvcc_version}, {self.cxx_std}, {self.jobs} job(s)"]
+        for b in self.builds:
+            lines.append(f"  family {b.family.name} -> {b.family.extension}: "
+                         f"{' '.join(b.gencode_flags())}")
+        return "\n".join(lines)
+
+
+def wheel_cuda_include_dirs(cuda: str, search: list[str] | None = None) -> list[Path]:
+    """CUDA library headers (cuBLAS, cuSPARSE) that torch's headers include, from the
+    nvidia-* wheels torch installs: nvidia/cu13/include (CUDA 13) or nvidia/*/include (12)."""
+    major = Version(cuda).major
+    found: list[Path] = []
+    for entry in search if search is not None else sys.path:
+        base = Path(entry) / "nvidia"
+        if not base.is_dir():
+            continue
+        for candidate in [base / f"cu{major}" / "include", *sorted(base.glob("*/include"))]:
+            if candidate.is_dir() and candidate not in found:
+                found.append(candidate)
+    return found
+
+
+def host_os() -> str:
+    return "windows" if sys.platform == "win32" else "linux"
+
+
+def resolve(env: Mapping[str, str] = os.environ,
+            torch_facts: Callable[[], TorchFacts] = probe_torch,
+            find_nvcc: Callable[[Mapping[str, str]], Path | None] = kernels.find_nvcc,
+            nvcc_identity: Callable[[Path], str] = kernels.nvcc_identity) -> SourceBuild:
+    facts = torch_facts()
+    if not facts.cuda:
+        raise ToolchainError(
+            f"torch {facts.version} is a CPU-only build; sageattention's kernels need a CUDA "
+            "build of torch (for example: pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu130)")
+    targets, source = targets_from_env(env, facts.gpu_capabilities)
+    families = arch.load_families()
+    for t in targets:
+        if not any(t.sm in f.serves for f in families.values()):
+            served = sorted({s for f in families.values() for s in f.serves})
+            raise ToolchainError(f"no kernel family serves {t} (from {source}); supported: "
+                                 + ", ".join(f"sm{s}" for s in served))
+    builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in targets), families))
+
+    nvcc = find_nvcc(env)
+    if nvcc is None:
+        raise ToolchainError(
+            f"nvcc not found: install the CUDA {facts.cuda} toolkit and set CUDA_HOME to it "
+            "(for example CUDA_HOME=/usr/local/cuda), or put its bin/ on PATH")
+    identity = nvcc_identity(nvcc)
+    nvcc_version = arch.nvcc_version(nvcc)
+    arch.check_toolchain(nvcc_version, facts.cuda, builds)
+
+    label = LocalLabel.create([t.sm for t in targets], facts.version, facts.cuda)
+    torch_base = Version(facts.version).base_version
+    cell = Cell(os=host_os(), python=f"{sys.version_info.major}.{sys.version_info.minor}",
+                torch=torch_base, cuda=facts.cuda, targets=targets)
+    wanted = env.get(CELL_ENV)
+    if wanted and wanted != cell.id:
+        raise ToolchainError(
+            f"{CELL_ENV}={wanted} but this environment builds cell {cell.id} (Python "
+            f"{_platform.python_version()}, torch {facts.version}, CUDA {facts.cuda}, targets "
+            f"{' '.join(map(str, targets))}); use the cell's Python and torch")
+    from .buildinfo import host_compiler_version
+    return SourceBuild(
+        targets=targets, targets_from=source, torch_version=facts.version, cuda=facts.cuda,
+        nvcc=nvcc, nvcc_version=nvcc_version,
+        nvcc_id=identity + "\n" + host_compiler_version(env),
+        builds=builds, label=label, version=str(cell.version(base_version())),
+        torch_requirement=cell.torch_requirement, cxx_std=cell.cxx_std,
+        cell_id=wanted or None, jobs=kernels.jobs_from_env(env))

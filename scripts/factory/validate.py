@@ -1,0 +1,249 @@
+"""Validate wheels on this machine's GPU and write one report per wheel.
+
+    python -m scripts.factory.validate --wheel dist/sageattention-...whl --system
+    nox -s validate-sm90 -- --wheel dist/sageattention-...whl
+
+Two ways to install a wheel:
+
+* default: ``<python> -m pip install WHEEL``, then a forced reinstall of this exact file without
+  dependencies, into the environment of ``--python`` (default: the interpreter running this,
+  e.g. the one running nox);
+* ``--system``: no venv, no network: reuse the torch already installed for ``--python``,
+  ``pip install --no-deps --no-index --target <tmp> WHEEL`` and run the suite with that directory
+  first on PYTHONPATH (GPU runners are often offline).
+
+The suite runs in a subprocess started in an empty directory, so a source checkout never shadows
+the wheel; the report is refused if the suite imported sageattention from anywhere else. Without
+a GPU nothing is installed and the command refuses. Exit status: 0 every check passed or was
+skipped, 1 a check failed (the report is still written), 2 refused, 3 install or suite crashed;
+with several wheels, the worst of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from scripts.factory import report as reports
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO / "release_notes"
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_REFUSED, EXIT_CRASHED = 0, 1, 2, 3
+INSTALL_TIMEOUT_S = 900.0
+
+# Runs in the target interpreter; prints what the refusal message needs.
+PROBE = ("import json, sys\n"
+         "try:\n"
+         "    import torch\n"
+         "except Exception as exc:\n"
+         "    print(json.dumps({'torch': None, 'error': repr(exc)})); sys.exit(0)\n"
+         "import importlib.util\n"
+         "ok = torch.cuda.is_available()\n"
+         "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+         "                  'cuda_available': ok,\n"
+         "                  'pip': importlib.util.find_spec('pip') is not None,\n"
+         "                  'devices': torch.cuda.device_count() if ok else 0}))\n")
+
+
+class Refused(Exception):
+    """Validation cannot run here; the message says why and what to do."""
+
+
+@dataclass
+class Step:
+    what: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the inherited environment
+    cwd: str | None = None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.factory.validate",
+        description="Install a sageattention wheel, run the GPU validation suite against it and "
+                    "write release_notes/<wheel stem>.report.json (bound to the wheel's sha256). "
+                    "Refuses without a GPU.")
+    p.add_argument("wheels", nargs="*", type=Path, metavar="WHEEL",
+                   help="wheel files to validate (same as --wheel)")
+    p.add_argument("--wheel", action="append", type=Path, help="a wheel file to validate "
+                   "(repeatable)")
+    p.add_argument("--system", action="store_true",
+                   help="reuse the preinstalled torch: no venv, no network (pip --no-deps "
+                        "--no-index --target into a temporary directory)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter to install into and run the suite with (default: this one)")
+    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
+                   help=f"where the report goes (default: {DEFAULT_OUT})")
+    p.add_argument("--quick", action="store_true", help="pass --quick to the suite")
+    p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="stop a suite run that takes longer than this (default: 1800)")
+    p.add_argument("--no-performance", action="store_true", help="leave out the benchmark")
+    p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")
+    p.add_argument("--skip", nargs="+", metavar="ID", help="leave these checks out")
+    return p
+
+
+def suite_args(args, suite_json: str) -> list[str]:
+    extra = ["--json", suite_json]
+    if args.quick:
+        extra.append("--quick")
+    if args.no_performance:
+        extra.append("--no-performance")
+    if args.only:
+        extra += ["--only", *args.only]
+    if args.skip:
+        extra += ["--skip", *args.skip]
+    return extra
+
+
+def plan(args, wheel: Path, workdir: Path, *, has_pip: bool = True) -> list[Step]:
+    """The commands that install ``wheel`` and run the suite (pure: nothing runs here).
+
+    ``--system`` without pip (a bare runner) unpacks the wheel with the stdlib's zipfile: a
+    wheel is a zip whose root is the import root, so that is enough to import it.
+    """
+    py, wheel = args.python, str(Path(wheel).resolve())
+    run_dir = workdir / "run"  # empty: `python -m` puts the cwd first on sys.path
+    suite = [py, "-m", "sageattention.validation",
+             *suite_args(args, str(workdir / "suite.json"))]
+    isolate = {"PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+    if args.system:
+        target = workdir / "site"
+        install = (Step("install (no deps, no index)",
+                        [py, "-m", "pip", "install", "--no-deps", "--no-index",
+                         "--disable-pip-version-check", "--target", str(target), wheel])
+                   if has_pip else
+                   Step("unpack (no pip here)", [py, "-m", "zipfile", "-e", wheel, str(target)]))
+        return [
+            install,
+            Step("suite", suite, {**isolate, "PYTHONPATH": str(target)}, str(run_dir)),
+        ]
+    return [
+        Step("install", [py, "-m", "pip", "install", "--disable-pip-version-check", wheel]),
+        Step("reinstall this exact file", [py, "-m", "pip", "install", "--force-reinstall",
+                                           "--no-deps", "--disable-pip-version-check", wheel]),
+        Step("suite", suite, isolate, str(run_dir)),
+    ]
+
+
+def probe(python: str, runner: Callable = subprocess.run) -> dict:
+    """torch version and GPU count as seen by ``python``."""
+    res = runner([python, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"torch": None, "error": (res.stderr or res.stdout).strip()[-500:]}
+
+
+def require_gpu(info: dict, python: str, *, installed: bool) -> None:
+    """Refuse unless ``python`` imports torch and sees a GPU (``installed``: after the install)."""
+    if info.get("torch") is None:
+        if installed:
+            raise Refused(f"{python} cannot import torch after installing the wheel "
+                          f"({info.get('error')})")
+        raise Refused(f"--system reuses a preinstalled torch, but {python} cannot import "
+                      f"torch ({info.get('error')}); install torch there or drop --system")
+    if not info.get("cuda_available") or not info.get("devices"):
+        raise Refused(f"no CUDA GPU is visible to {python} (torch {info['torch']}, "
+                      f"torch.cuda.is_available() is False): validation runs the wheel's kernels "
+                      f"and needs a GPU; run it on a GPU runner")
+
+
+def _execute(step: Step, runner: Callable, timeout: float | None = None) -> int:
+    env = {**os.environ, **step.env}
+    if "PYTHONPATH" in step.env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = step.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+    print(f"== {step.what}: {shlex.join(step.argv)}", flush=True)
+    try:
+        return runner(step.argv, env=env, cwd=step.cwd, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        # A hung kernel cannot be stopped from inside the suite's process; this one ends it.
+        print(f"error: {step.what} did not finish within {timeout:.0f} s", file=sys.stderr)
+        return EXIT_CRASHED
+
+
+def _imported_from_wheel(suite: dict, args, workdir: Path) -> str | None:
+    """Why the suite did not test the wheel's own code, or None when it did."""
+    path = (suite.get("package") or {}).get("path")
+    if not path:
+        return "the suite did not say where it imported sageattention from"
+    where = Path(path).resolve()
+    if args.system and not where.is_relative_to((workdir / "site").resolve()):
+        return f"the suite imported sageattention from {where}, not from the wheel's directory"
+    if where.is_relative_to(REPO.resolve()) and not where.is_relative_to(workdir.resolve()):
+        return f"the suite imported the source checkout ({where}) instead of the wheel"
+    return None
+
+
+def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
+    """Install one wheel, run the suite against it, write its report; return the exit status."""
+    try:
+        reports.parse_wheel_name(wheel.name)
+        if not wheel.is_file():
+            raise Refused(f"no such wheel file: {wheel}")
+        # Nothing gets installed on a machine that cannot validate. (Without --system, torch
+        # may only arrive with the wheel; then the GPU is probed after the install.)
+        first = probe(args.python, runner)
+        torch_later = not args.system and first.get("torch") is None
+        if not torch_later:
+            require_gpu(first, args.python, installed=False)
+        with tempfile.TemporaryDirectory(prefix="sageattention-validate-") as tmp:
+            workdir = Path(tmp)
+            (workdir / "run").mkdir()
+            rc = None
+            for step in plan(args, wheel, workdir, has_pip=first.get("pip", True)):
+                if step.what == "suite" and torch_later:
+                    require_gpu(probe(args.python, runner), args.python, installed=True)
+                rc = _execute(step, runner,
+                              args.timeout if step.what == "suite" else INSTALL_TIMEOUT_S)
+                if step.what != "suite" and rc != 0:
+                    print(f"error: {step.what} failed (exit {rc})", file=sys.stderr)
+                    return EXIT_CRASHED
+            if rc == EXIT_REFUSED:
+                print("refused: the suite declined to run (see above)", file=sys.stderr)
+                return EXIT_REFUSED
+            suite_path = workdir / "suite.json"
+            if rc not in (0, 1) or not suite_path.exists():
+                print(f"error: the suite crashed or timed out (exit {rc}) without a result",
+                      file=sys.stderr)
+                return EXIT_CRASHED
+            suite = json.loads(suite_path.read_text(encoding="utf-8"))
+            shadow = _imported_from_wheel(suite, args, workdir)
+            if shadow:
+                raise Refused(shadow)
+            doc = reports.build_report(suite, wheel=reports.wheel_identity(wheel),
+                                       command=command,
+                                       mode="system" if args.system else "install")
+    except (Refused, reports.ReportError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    path = reports.write_report(doc, args.out_dir)
+    s = doc["summary"] or {}
+    print(f"wrote {path}: execution {doc['execution']}, {s.get('pass')} passed, "
+          f"{s.get('fail')} failed, {s.get('skip')} skipped")
+    return EXIT_OK if s.get("all_passed") else EXIT_CHECK_FAILED
+
+
+def main(argv: list[str] | None = None, runner: Callable = subprocess.run) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    wheels = [*args.wheels, *(args.wheel or [])]
+    if not wheels:
+        parser.error("name at least one wheel (--wheel PATH or PATH)")
+    command = shlex.join(["python", "-m", "scripts.factory.validate",
+                          *(sys.argv[1:] if argv is None else argv)])
+    # The worst outcome wins: crashed > refused > a check failed > all passed.
+    return max(validate_wheel(Path(w), args, command, runner) for w in wheels)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

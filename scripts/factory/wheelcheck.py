@@ -1,0 +1,129 @@
+"""Check a built wheel: its name, metadata and build info must agree, and its file set
+must be exactly what the source tree and its build info predict."""
+
+from __future__ import annotations
+
+import email.parser
+import fnmatch
+import json
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from . import arch
+from .arch import REPO_ROOT
+from .errors import WheelCheckError
+from .labels import LocalLabel, cell_for_wheel, parse_wheel_name
+
+if TYPE_CHECKING:
+    from .model import Matrix
+
+BUILD_INFO = "sageattention/_build_info.json"
+DIST_INFO_FILES = ("METADATA", "WHEEL", "RECORD", "top_level.txt")
+
+
+def read_wheel(path: Path) -> tuple[list[str], email.message.Message, dict]:
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if meta_name is None:
+            raise WheelCheckError(f"{path.name}: no .dist-info/METADATA")
+        metadata = email.parser.Parser().parsestr(zf.read(meta_name).decode("utf-8"))
+        if BUILD_INFO not in names:
+            raise WheelCheckError(f"{path.name}: no {BUILD_INFO} (not a factory build?)")
+        info = json.loads(zf.read(BUILD_INFO))
+    return names, metadata, info
+
+
+def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
+    """Every disagreement between the wheel's name, METADATA and build info."""
+    path = Path(path)
+    ident = parse_wheel_name(path.name)
+    names, metadata, info = read_wheel(path)
+    problems = []
+    meta_version = Version(metadata["Version"])
+    if meta_version != ident.version:
+        problems.append(f"METADATA version {meta_version} != file name version {ident.version}")
+    if str(info.get("version")) != str(ident.version):
+        problems.append(f"build info version {info.get('version')} != {ident.version}")
+    if info.get("local_label") != str(ident.label):
+        problems.append(f"build info local_label {info.get('local_label')} != {ident.label}")
+    label_from_info = LocalLabel.create(
+        [int(t.split("+")[0][2:]) for t in info.get("sm_targets", [])],
+        info.get("torch", "0.0"), info.get("cuda", "0.0"))
+    if label_from_info != ident.label:
+        problems.append(f"build info (sm_targets {info.get('sm_targets')}, torch "
+                        f"{info.get('torch')}, CUDA {info.get('cuda')}) says label "
+                        f"{label_from_info}, file name says {ident.label}")
+    torch_pins = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []
+                  if Requirement(r).name == "torch"]
+    wanted_pin = f"=={ident.label.torch[0]}.{ident.label.torch[1]}.*"
+    if [str(r.specifier) for r in torch_pins] != [wanted_pin]:
+        problems.append(f"METADATA torch requirement {[str(r) for r in torch_pins]} != "
+                        f"['torch{wanted_pin}']")
+    if info.get("python_tag") != ident.python_tag:
+        problems.append(f"build info python_tag {info.get('python_tag')} != file name "
+                        f"{ident.python_tag}")
+    families = arch.load_families()
+    wanted_families = [f.name for f in arch.families_for(ident.label.sms, families)]
+    if info.get("families") != wanted_families:
+        problems.append(f"build info families {info.get('families')} != {wanted_families} "
+                        "(what families.json says the SMs need)")
+    for name in wanted_families:
+        module = families[name].extension.replace(".", "/")
+        if not [n for n in names if fnmatch.fnmatch(n, module + ".*")
+                and n.endswith((".so", ".pyd"))]:
+            problems.append(f"extension {families[name].extension} (family {name}) missing")
+    if matrix is not None:
+        try:
+            cell = cell_for_wheel(path.name, matrix)
+        except ValueError as exc:
+            problems.append(str(exc))
+        else:
+            if info.get("cell_id") not in (None, cell.id):
+                problems.append(f"build info cell_id {info.get('cell_id')} != {cell.id}")
+    return problems
+
+
+def expected_files(path: Path, root: Path = REPO_ROOT) -> set[str]:
+    """The exact file set a wheel should hold, from the source tree and its build info."""
+    ident = parse_wheel_name(Path(path).name)
+    _names, _metadata, info = read_wheel(Path(path))
+    package = root / "sageattention"
+    files = {BUILD_INFO}
+    for py in package.rglob("*.py"):
+        rel_dir = py.parent.relative_to(root)
+        # setuptools ships .py files of packages only: every folder needs an __init__.py.
+        chain = [root / Path(*rel_dir.parts[:i]) for i in range(1, len(rel_dir.parts) + 1)]
+        if all((d / "__init__.py").is_file() for d in chain) and "__pycache__" not in py.parts:
+            files.add(py.relative_to(root).as_posix())
+    for data in package.rglob("*.json"):
+        if data.name != "_build_info.json" and "__pycache__" not in data.parts:
+            files.add(data.relative_to(root).as_posix())
+    families = arch.load_families()
+    suffix = (f".{ident.python_tag}-win_amd64.pyd" if ident.os == "windows" else
+              f".cpython-{ident.python_tag[2:]}-x86_64-linux-gnu.so")
+    for name in info.get("families", []):
+        files.add(families[name].extension.replace(".", "/") + suffix)
+    dist_info = f"sageattention-{ident.version}.dist-info"
+    files |= {f"{dist_info}/{n}" for n in DIST_INFO_FILES}
+    return files
+
+
+def check_wheel(path: Path, matrix: "Matrix | None" = None, *, exact_files: bool = True,
+                root: Path = REPO_ROOT) -> None:
+    """Raise WheelCheckError listing every problem; silent when the wheel is right."""
+    path = Path(path)
+    problems = agreement_problems(path, matrix)
+    if exact_files:
+        with zipfile.ZipFile(path) as zf:
+            actual = {n for n in zf.namelist() if not n.endswith("/")}
+        expected = expected_files(path, root)
+        if actual != expected:
+            problems.append("file set differs from the expected one: unexpected "
+                            f"{sorted(actual - expected)}, missing {sorted(expected - actual)}")
+    if problems:
+        raise WheelCheckError(f"{path.name}:\n" + "\n".join(f"  - {p}" for p in problems))

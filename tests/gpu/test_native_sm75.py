@@ -1,0 +1,326 @@
+"""GPU tests of the sm75 (Turing) kernel family, `torch.ops.sageattention_sm75`.
+
+On a GPU newer than Turing the extension runs as its embedded compute_75 PTX, compiled by the
+driver: these tests then check the Turing code path, not Turing hardware.
+Checked against fp32 SDPA (design.md's bar for INT8 QK / FP16 PV) and against
+sageattention.reference with the sm75 block sizes (the same quantization, cosine >= 0.99999).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sageattention.native import sm75
+from sageattention.reference import FAMILY_BLOCK_SIZES, sageattn_reference
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SDPA_COSINE, SDPA_REL_L1 = 0.9998, 0.02  # design.md, INT8 QK + FP16 PV against fp32 SDPA
+REF_COSINE = 0.99999  # same algorithm and quantization as the reference
+SEQ_LENS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    try:
+        sm75.load()
+    except ImportError as exc:
+        pytest.skip(f"sm75 extension not built: {exc}")
+    return torch.ops.sageattention_sm75
+
+
+def make_qkv(b, hq, hkv, nq, nk, d, *, dtype=torch.float16, layout="HND", seed=0, k_offset=True):
+    """Random inputs; K gets a per-channel offset like real models' keys (what smooth_k removes)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(h, n):
+        shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
+        return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32)
+
+    q, k, v = rand(hq, nq), rand(hkv, nk), rand(hkv, nk)
+    if k_offset:
+        k = k + 2.0 * torch.randn(d, generator=gen, device="cuda")
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def attn(q, k, v, *, layout="HND", causal=False, sm_scale=None, smooth_k=True, smooth_v=False,
+         return_lse=False, qk_quant_gran="per_warp", pv_accum_dtype="fp32"):
+    if sm_scale is None and isinstance(q, torch.Tensor):
+        sm_scale = q.shape[-1] ** -0.5
+    return sm75.qk_int8_pv_fp16(q, k, v, tensor_layout=layout, is_causal=causal, sm_scale=sm_scale,
+                                qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype,
+                                smooth_k=smooth_k, smooth_v=smooth_v, return_lse=return_lse)
+
+
+def to_hnd(t, layout):
+    return t if layout == "HND" else t.transpose(1, 2)
+
+
+def sdpa_fp32(q, k, v, *, layout="HND", causal=False, sm_scale=None):
+    """Exact attention in fp32 (HND result) and its natural-log LSE."""
+    q, k, v = (to_hnd(t, layout).float() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:  # top-left aligned, as SDPA's is_causal
+        nq, nk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device=s.device).tril().logical_not(),
+                          -math.inf)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return out, torch.logsumexp(s, dim=-1)
+
+
+def reference(q, k, v, *, layout="HND", causal=False, sm_scale=None, smooth_k=True, return_lse=False):
+    return sageattn_reference(q, k, v, tensor_layout=layout, is_causal=causal, sm_scale=sm_scale,
+                              qk_quant_gran="per_warp", smooth_k=smooth_k, pv_dtype="fp16",
+                              pv_accum_dtype="fp32", return_lse=return_lse, **FAMILY_BLOCK_SIZES["sm75"])
+
+
+def cosine(a, b):
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+def rel_l1(a, b):
+    return ((a.double() - b.double()).abs().sum() / b.double().abs().sum()).item()
+
+
+def assert_accurate(out, q, k, v, *, layout="HND", causal=False, sm_scale=None, smooth_k=True):
+    assert torch.isfinite(out).all(), "output has NaN/Inf"
+    exact, _ = sdpa_fp32(q, k, v, layout=layout, causal=causal, sm_scale=sm_scale)
+    got = to_hnd(out, layout)
+    assert cosine(got, exact) >= SDPA_COSINE and rel_l1(got, exact) <= SDPA_REL_L1, (
+        f"vs fp32 SDPA: cosine {cosine(got, exact):.6f}, rel L1 {rel_l1(got, exact):.4f}")
+    ref = to_hnd(reference(q, k, v, layout=layout, causal=causal, sm_scale=sm_scale,
+                           smooth_k=smooth_k), layout)
+    assert cosine(got, ref) >= REF_COSINE, f"vs reference: cosine {cosine(got, ref):.7f}"
+
+
+# ---- numerics -------------------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_matches_sdpa_and_reference(ext, dtype, layout, causal, d):
+    q, k, v = make_qkv(2, 4, 4, 1000, 1000, d, dtype=dtype, layout=layout, seed=d + causal)
+    out, lse = attn(q, k, v, layout=layout, causal=causal)
+    assert lse is None
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_accurate(out, q, k, v, layout=layout, causal=causal)
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", SEQ_LENS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sequence_lengths(ext, n, causal):
+    d = 64 if n % 2 else 128
+    q, k, v = make_qkv(1, 2, 2, n, n, d, seed=n)
+    out, _ = attn(q, k, v, causal=causal)
+    assert_accurate(out, q, k, v, causal=causal)
+
+
+@needs_gpu
+@pytest.mark.parametrize("nq,nk", [(100, 300), (300, 100), (1, 4097), (129, 33), (4097, 17)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cross_attention(ext, nq, nk, causal):
+    q, k, v = make_qkv(2, 2, 2, nq, nk, 128, layout="NHD", seed=nq * 7 + nk)
+    out, _ = attn(q, k, v, layout="NHD", causal=causal)
+    assert out.shape == q.shape
+    assert_accurate(out, q, k, v, layout="NHD", causal=causal)
+
+
+@needs_gpu
+@pytest.mark.parametrize("hkv", [1, 2, 8], ids=["mqa", "gqa", "mha"])
+def test_gqa_mqa(ext, hkv):
+    q, k, v = make_qkv(2, 8, hkv, 257, 257, 128, dtype=torch.bfloat16, seed=hkv)
+    out, _ = attn(q, k, v, causal=True)
+    assert_accurate(out, q, k, v, causal=True)
+
+
+@needs_gpu
+@pytest.mark.parametrize("smooth_k", [True, False])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_lse(ext, smooth_k, causal):
+    q, k, v = make_qkv(1, 4, 2, 333, 500, 64, layout="NHD", seed=3)
+    out, lse = attn(q, k, v, layout="NHD", causal=causal, smooth_k=smooth_k, return_lse=True)
+    assert lse.shape == (1, 4, 333) and lse.dtype == torch.float32 and lse.is_contiguous()
+    _, exact = sdpa_fp32(q, k, v, layout="NHD", causal=causal)
+    torch.testing.assert_close(lse, exact, atol=2e-2, rtol=0)
+    _, ref_lse = reference(q, k, v, layout="NHD", causal=causal, smooth_k=smooth_k, return_lse=True)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-3, rtol=0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("sm_scale", [0.05, 0.3])
+def test_custom_scale(ext, sm_scale):
+    q, k, v = make_qkv(1, 2, 2, 200, 200, 128, seed=5)
+    out, _ = attn(q, k, v, sm_scale=sm_scale)
+    assert_accurate(out, q, k, v, sm_scale=sm_scale)
+    default, _ = attn(q, k, v)
+    assert not torch.equal(out, default)  # the scale is used, not ignored
+
+
+@needs_gpu
+def test_no_smoothing_and_smooth_v(ext):
+    q, k, v = make_qkv(1, 2, 2, 300, 300, 64, seed=6, k_offset=False)
+    out, _ = attn(q, k, v, smooth_k=False)
+    assert_accurate(out, q, k, v, smooth_k=False)
+    # smooth_v is an identity under fp32 PV accumulation; the kernel does not apply it.
+    assert torch.equal(attn(q, k, v, smooth_v=True)[0], attn(q, k, v)[0])
+
+
+@needs_gpu
+def test_extreme_inputs_stay_finite(ext):
+    q, k, v = make_qkv(1, 2, 2, 200, 200, 128, seed=7)
+    zeros = torch.zeros_like(q)
+    out, lse = attn(zeros, zeros, v, return_lse=True)  # every scale at its floor
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(out.float(), v.float().mean(dim=2, keepdim=True).expand_as(out),
+                               atol=2e-3, rtol=0)
+    out, lse = attn(q * 30, k * 30, v, causal=True, return_lse=True)  # very peaked softmax
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref = reference(q * 30, k * 30, v, causal=True)
+    assert cosine(out, ref) >= 0.9999
+
+
+# ---- memory access, strides, streams ------------------------------------------------------------
+
+def _nan_padded(t, layout, extra=64):
+    """A view of `t` inside a larger NaN-filled buffer: any read past the sequence end shows as NaN."""
+    dim = 2 if layout == "HND" else 1
+    shape = list(t.shape)
+    shape[dim] += extra
+    buf = torch.full(shape, math.nan, dtype=t.dtype, device=t.device)
+    view = buf.narrow(dim, 0, t.shape[dim])
+    view.copy_(t)
+    return view
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("n", [17, 33, 129])
+def test_never_reads_past_sequence_end(ext, layout, n):
+    q, k, v = make_qkv(2, 2, 1, n, n + 3, 64, layout=layout, seed=n)
+    expected, expected_lse = attn(q, k, v, layout=layout, return_lse=True)
+    qp, kp, vp = (_nan_padded(t, layout) for t in (q, k, v))
+    assert not qp.is_contiguous()
+    out, lse = attn(qp, kp, vp, layout=layout, return_lse=True)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+@needs_gpu
+def test_strided_views_equal_contiguous(ext):
+    b, n, h, d = 2, 150, 4, 64
+    qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.float16)  # a fused projection
+    q, k, v = qkv.unbind(dim=2)  # NHD views with token stride 3*h*d
+    out, _ = attn(q, k, v, layout="NHD", causal=True)
+    expected, _ = attn(q.contiguous(), k.contiguous(), v.contiguous(), layout="NHD", causal=True)
+    assert torch.equal(out, expected)
+    hnd = [t.transpose(1, 2) for t in (q, k, v)]  # the same views in HND
+    out_hnd, _ = attn(*hnd, layout="HND", causal=True)
+    assert torch.equal(out_hnd, expected.transpose(1, 2))
+    # A non-contiguous head dim is made contiguous by the wrapper.
+    qt = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert torch.equal(attn(qt, k, v, layout="NHD", causal=True)[0], expected)
+
+
+@needs_gpu
+def test_deterministic(ext):
+    q, k, v = make_qkv(1, 4, 4, 1000, 1000, 128, seed=9)
+    a, la = attn(q, k, v, return_lse=True)
+    b, lb = attn(q, k, v, return_lse=True)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+
+
+@needs_gpu
+def test_runs_on_current_stream_and_graph_capture(ext):
+    q, k, v = make_qkv(1, 2, 2, 256, 256, 128, seed=10)
+    expected, _ = attn(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side, _ = attn(q, k, v, causal=True)
+    side.synchronize()
+    assert torch.equal(on_side, expected)
+    # Capture fails if any launch goes to another stream than the capturing one.
+    static = [t.clone() for t in (q, k, v)]
+    graph = torch.cuda.CUDAGraph()
+    attn(*static, causal=True)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured, _ = attn(*static, causal=True)
+    q2, k2, v2 = make_qkv(1, 2, 2, 256, 256, 128, seed=11)
+    for s, t in zip(static, (q2, k2, v2)):
+        s.copy_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, attn(q2, k2, v2, causal=True)[0])
+
+
+@needs_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_device_guard(ext):
+    q, k, v = make_qkv(1, 2, 2, 100, 100, 64, seed=12)
+    expected, _ = attn(q, k, v)
+    with torch.cuda.device(0):
+        out, _ = attn(*(t.to("cuda:1") for t in (q, k, v)))
+    assert out.device == torch.device("cuda:1")
+    assert torch.equal(out.cpu(), expected.cpu())
+
+
+# ---- torch integration ----------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_opcheck(ext, return_lse):
+    q, k, v = make_qkv(1, 2, 1, 40, 70, 64, layout="NHD", seed=13)
+    torch.library.opcheck(ext.qk_int8_pv_fp16.default, (q, k, v, "NHD", True, 0.125, True, return_lse))
+
+
+@needs_gpu
+def test_torch_compile_fullgraph(ext):
+    q, k, v = make_qkv(1, 2, 2, 96, 96, 64, seed=14)
+
+    def fn(q, k, v):
+        out, lse = attn(q, k, v, causal=True, return_lse=True)
+        return out * 2, lse
+
+    compiled = torch.compile(fn, fullgraph=True)
+    out, lse = compiled(q, k, v)
+    expected, expected_lse = fn(q, k, v)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+# ---- argument checks (before any launch) -------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"qk_quant_gran": "per_thread"}, "qk_quant_gran"),
+    ({"qk_quant_gran": "per_block"}, "qk_quant_gran"),
+    ({"pv_accum_dtype": "fp16+fp32"}, "pv_accum_dtype"),
+    ({"layout": "BHSD"}, "tensor_layout"),
+])
+def test_rejects_unsupported_options(kwargs, match):
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=match):
+        attn(q, q, q, **kwargs)
+
+
+def test_rejects_bad_tensors():
+    q = torch.zeros(1, 2, 8, 96, dtype=torch.float16)
+    with pytest.raises(ValueError, match="head dims"):
+        attn(q, q, q)
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float32)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        attn(q, q, q)
+    with pytest.raises(ValueError, match="4-D"):
+        attn(q[0].half(), q[0].half(), q[0].half())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        attn([1.0], q, q)

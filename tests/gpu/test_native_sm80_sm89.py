@@ -1,0 +1,289 @@
+"""GPU tests of the sm80 family (INT8 QK, FP16 PV) and the sm89 family (INT8 QK, FP8 PV).
+
+Checked against sageattention.reference (same quantization: cosine >= 0.99999) and fp32 SDPA
+(docs: design.md accuracy bars), on poisoned memory, odd lengths, GQA/MQA, cross-attention, both
+layouts and dtypes, plus opcheck, CUDA graphs, two streams and torch.compile. Skipped with a
+reason where there is no GPU or the family is not built.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sageattention.native as native
+from sageattention import reference
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# family -> (op name, minimum compute capability, accumulation modes, reference pv_dtype)
+SPEC = {
+    "sm80": ("qk_int8_pv_fp16", (8, 0), ("fp32", "fp16+fp32", "fp16"), "fp16"),
+    "sm89": ("qk_int8_pv_fp8", (8, 9), ("fp32+fp32", "fp32", "fp32+fp16"), "fp8"),
+}
+# Accuracy bars against fp32 SDPA on normal inputs (shared/design.md): (cosine min, rel L1 max).
+BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04)}
+LENGTHS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
+
+
+def family(fam: str):
+    reason = native.available_families()[fam]
+    if reason is not None:
+        pytest.skip(reason)
+    if torch.cuda.get_device_capability() < SPEC[fam][1]:
+        pytest.skip(f"family {fam} needs compute capability >= {SPEC[fam][1]}")
+    return native.family_module(fam)
+
+
+def make_qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, layout="HND", seed=0, k_offset=1.0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(h, n, offset=0.0):
+        x = torch.randn(b, h, n, d, generator=g, device="cuda")
+        x = x + offset * torch.randn(1, h, 1, d, generator=g, device="cuda")  # channel bias (smooth_k)
+        x = x.to(dtype)
+        return x if layout == "HND" else x.transpose(1, 2).contiguous()
+
+    return rnd(hq, nq), rnd(hkv, nk, k_offset), rnd(hkv, nk)
+
+
+def run(fam, q, k, v, *, layout="HND", causal=False, scale=None, gran="per_thread", accum=None,
+        smooth_k=True, smooth_v=False, return_lse=False):
+    op, _, accums, _ = SPEC[fam]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # poison: freed blocks of the output's size hold NaN, so unwritten elements would show
+    torch.full(q.shape, float("nan"), dtype=q.dtype, device="cuda")
+    return getattr(native, op)(
+        q, k, v, family=fam, tensor_layout=layout, is_causal=causal, sm_scale=scale,
+        qk_quant_gran=gran, pv_accum_dtype=accum or accums[0], smooth_k=smooth_k,
+        smooth_v=smooth_v, return_lse=return_lse)
+
+
+def ref(fam, q, k, v, *, layout="HND", causal=False, scale=None, gran="per_thread", accum=None,
+        smooth_k=True, smooth_v=False):
+    _, _, accums, pv = SPEC[fam]
+    return reference.sageattn_reference(
+        q, k, v, tensor_layout=layout, is_causal=causal, sm_scale=scale, qk_quant_gran=gran,
+        smooth_k=smooth_k, smooth_v=smooth_v, pv_dtype=pv, pv_accum_dtype=accum or accums[0],
+        return_lse=True, **reference.FAMILY_BLOCK_SIZES[fam])
+
+
+def sdpa_fp32(q, k, v, *, layout="HND", causal=False, scale=None):
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(rep, dim=1) for t in (k, v))
+    o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=scale)
+    return o if layout == "HND" else o.transpose(1, 2)
+
+
+def metrics(out, expected):
+    o, r = out.float().flatten(), expected.float().flatten()
+    cos = F.cosine_similarity(o, r, dim=0).item()
+    rel = ((o - r).abs().sum() / r.abs().sum()).item()
+    return cos, rel, (o - r).abs().max().item()
+
+
+@pytest.mark.parametrize("fam", SPEC)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_any_length_matches_reference_and_sdpa(fam, n):
+    family(fam)
+    d = 128 if n % 2 else 64
+    causal = n in (17, 32, 127, 129, 4097)
+    layout = "NHD" if n in (31, 33, 1000) else "HND"
+    q, k, v = make_qkv(1, 4, 2, n, n, d, layout=layout, seed=n)
+    out, lse = run(fam, q, k, v, layout=layout, causal=causal, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    r_out, r_lse = ref(fam, q, k, v, layout=layout, causal=causal)
+    cos, rel, mx = metrics(out, r_out)
+    assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+    cos, rel, _ = metrics(out, sdpa_fp32(q, k, v, layout=layout, causal=causal))
+    if n >= 128:  # the bars are for normal-size inputs; tiny n still checked against the reference
+        assert cos >= BARS[fam][0] and rel <= BARS[fam][1], (cos, rel)
+
+
+@pytest.mark.parametrize("fam", SPEC)
+@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("causal", (False, True))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+@pytest.mark.parametrize("layout", ("HND", "NHD"))
+def test_options_grid(fam, d, causal, dtype, layout):
+    family(fam)
+    q, k, v = make_qkv(2, 8, 2, 300, 300, d, dtype, layout, seed=d + causal)
+    out, _ = run(fam, q, k, v, layout=layout, causal=causal)
+    r_out, _ = ref(fam, q, k, v, layout=layout, causal=causal)
+    cos, rel, mx = metrics(out, r_out)
+    assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+
+
+@pytest.mark.parametrize("fam", SPEC)
+@pytest.mark.parametrize("nq, nk, hq, hkv", [(77, 300, 4, 4), (300, 77, 8, 1), (1, 4097, 2, 1),
+                                              (200, 200, 6, 3)])
+@pytest.mark.parametrize("causal", (False, True))
+def test_cross_attention_gqa_mqa(fam, nq, nk, hq, hkv, causal):
+    family(fam)
+    q, k, v = make_qkv(2, hq, hkv, nq, nk, 128, seed=nq * nk)
+    out, lse = run(fam, q, k, v, causal=causal, return_lse=True)
+    r_out, r_lse = ref(fam, q, k, v, causal=causal)
+    cos, rel, mx = metrics(out, r_out)
+    assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+    if nq >= 128:  # one query row is no "normal input" for the statistical bars
+        cos, rel, _ = metrics(out, sdpa_fp32(q, k, v, causal=causal))
+        assert cos >= BARS[fam][0], cos
+
+
+# sm89's "fp32+fp16" (index 2) is left out: with P scaled by 448 and V's amax mapped to 448, one
+# 64-token block can sum to 64 * 448 * 448, beyond fp16, so it overflows on normal inputs (the
+# reference shows the same inf/NaN). See docs/kernels.md.
+@pytest.mark.parametrize("fam, accum_index",
+                         [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1)])
+@pytest.mark.parametrize("gran", ("per_warp", "per_thread"))
+@pytest.mark.parametrize("smooth", (False, True))
+def test_granularity_accumulation_smoothing(fam, accum_index, gran, smooth):
+    family(fam)
+    accum = SPEC[fam][2][accum_index]
+    q, k, v = make_qkv(1, 4, 4, 1000, 1000, 64, seed=accum_index)
+    out, lse = run(fam, q, k, v, gran=gran, accum=accum, smooth_k=smooth, smooth_v=smooth,
+                   return_lse=True, scale=0.07)
+    r_out, r_lse = ref(fam, q, k, v, gran=gran, accum=accum, smooth_k=smooth, smooth_v=smooth,
+                       scale=0.07)
+    cos, rel, mx = metrics(out, r_out)
+    # fp16 accumulators round inside the mma in an order the reference only approximates
+    bar = 0.99999 if accum in ("fp32", "fp32+fp32") else 0.9999
+    assert cos >= bar and mx < 0.05, (cos, rel, mx)
+    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fam", SPEC)
+def test_no_nan_on_zero_constant_and_large_inputs(fam):
+    family(fam)
+    shape = (1, 2, 129, 64)
+    zeros = torch.zeros(shape, dtype=torch.float16, device="cuda")
+    out, lse = run(fam, zeros, zeros, zeros, return_lse=True)
+    assert torch.equal(out, zeros) and torch.isfinite(lse).all()
+    const = torch.full(shape, 3.0, dtype=torch.float16, device="cuda")
+    out, _ = run(fam, const, const, const, causal=True)
+    assert torch.allclose(out.float(), const.float(), atol=0.05)
+    big = torch.randn(shape, device="cuda").mul(300).to(torch.float16)
+    out, _ = run(fam, big, big, torch.randn(shape, device="cuda", dtype=torch.float16))
+    assert torch.isfinite(out).all()
+
+
+def test_quant_int8_matches_reference():
+    mod = family("sm80")
+    x = torch.randn(2, 3, 200, 128, device="cuda", dtype=torch.bfloat16)
+    for gran in ("per_block", "per_warp", "per_thread"):
+        for is_key in (False, True):
+            mean = x.float().mean(dim=2) if is_key else None
+            xi8, scale = mod.quant_int8(x, tensor_layout="HND", qk_quant_gran=gran, is_key=is_key,
+                                        mean=mean)
+            assert xi8.dtype == torch.int8 and not xi8[:, :, 200:].any()  # padding is zero
+            src = x.float() - mean[:, :, None] if is_key else x.float()
+            r_val, _, r_scale = reference.quantize_int8(src, granularity=gran, is_query=not is_key)
+            assert torch.equal(scale[..., : r_scale.shape[-1]], r_scale), (gran, is_key)
+            diff = (xi8[:, :, :200].float() - r_val).abs()
+            where = diff.nonzero()[:4].tolist()
+            assert diff.max().item() == 0, (gran, is_key, int((diff > 0).sum()), where,
+                                            [(xi8[tuple(w)].item(), r_val[tuple(w)].item()) for w in where])
+
+
+def test_quant_v_fp8_layout():
+    mod = family("sm89")
+    v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
+    v8, scale, mean = mod.quant_v_fp8(v, tensor_layout="HND", smooth_v=True)
+    assert v8.shape == (1, 2, 64, 128) and v8.dtype == torch.float8_e4m3fn
+    vm = v.float().mean(dim=2)
+    assert torch.allclose(mean, vm, atol=1e-6)
+    expected = ((v.float() - vm[:, :, None]) / scale[:, :, None]).to(torch.float8_e4m3fn).float()
+    perm = torch.tensor([2 * (p >> 2) + (p & 1) + 8 * ((p & 3) >> 1) for p in range(16)])
+    tokens = torch.cat([perm + 16 * i for i in range(8)])  # stored position -> token
+    got = torch.zeros(1, 2, 128, 64, device="cuda")
+    got[:, :, tokens] = v8.float().transpose(-1, -2)
+    assert torch.equal(got[:, :, :100], expected) and not got[:, :, 100:].any()
+
+
+@pytest.mark.parametrize("fam", SPEC)
+def test_opcheck(fam):
+    family(fam)
+    ns = getattr(torch.ops, f"sageattention_{fam}")
+    q, k, v = make_qkv(1, 2, 1, 70, 90, 64)
+    if fam == "sm80":
+        torch.library.opcheck(ns.qk_int8_pv_fp16, (q, k, v, "HND", True, 0.1, "per_warp", "fp32", True, True))
+    else:
+        torch.library.opcheck(ns.qk_int8_pv_fp8,
+                              (q, k, v, "HND", True, 0.1, "per_warp", "fp32+fp32", True, True, True))
+        torch.library.opcheck(ns.quant_v_fp8, (v, "HND", True))
+    torch.library.opcheck(ns.quant_int8, (q, None, "HND", "per_thread", False, 0.5))
+
+
+@pytest.mark.parametrize("fam", SPEC)
+def test_cuda_graph_capture_and_replay(fam):
+    family(fam)
+    q, k, v = make_qkv(1, 4, 4, 257, 257, 128)
+    run(fam, q, k, v)  # warm up outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(fam, q, k, v)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, _ = run(fam, q, k, v, causal=True)
+    for seed in (1, 2):
+        nq, nk, nv = make_qkv(1, 4, 4, 257, 257, 128, seed=seed)
+        q.copy_(nq), k.copy_(nk), v.copy_(nv)
+        graph.replay()
+        expected, _ = run(fam, nq, nk, nv, causal=True)
+        assert torch.equal(static_out, expected)
+
+
+@pytest.mark.parametrize("fam", SPEC)
+def test_two_streams(fam):
+    family(fam)
+    inputs = [make_qkv(2, 8, 8, 1024, 1024, 128, seed=s) for s in (3, 4)]
+    expected = [run(fam, *qkv)[0] for qkv in inputs]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [None, None]
+    for _ in range(3):
+        for i, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs[i] = run(fam, *inputs[i])[0]
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        for i in range(2):
+            assert torch.equal(outs[i], expected[i])
+
+
+@pytest.mark.parametrize("fam", SPEC)
+def test_torch_compile_fullgraph(fam):
+    family(fam)
+    torch._dynamo.reset()
+
+    def attn(q, k, v):
+        out, _ = run(fam, q, k, v, causal=True)
+        return out * 2
+
+    compiled = torch.compile(attn, fullgraph=True)
+    for n in (100, 257):
+        q, k, v = make_qkv(1, 2, 2, n, n, 64, seed=n)
+        assert torch.equal(compiled(q, k, v), attn(q, k, v))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("fam", SPEC)
+def test_second_device(fam):
+    family(fam)
+    q, k, v = make_qkv(1, 2, 2, 300, 300, 64)
+    expected, _ = run(fam, q, k, v)
+    q1, k1, v1 = (t.to("cuda:1") for t in (q, k, v))
+    with torch.cuda.device(0):  # the op must follow the tensors' device, not the current one
+        out, _ = getattr(native, SPEC[fam][0])(
+            q1, k1, v1, family=fam, tensor_layout="HND", is_causal=False, sm_scale=0.125,
+            qk_quant_gran="per_thread", pv_accum_dtype=SPEC[fam][2][0], smooth_k=True,
+            smooth_v=False, return_lse=False)
+    assert out.device == q1.device and torch.equal(out.cpu(), expected.cpu())

@@ -1,0 +1,293 @@
+"""The public API: signatures, the exact SDPA fallback, empty and strided inputs, and how the
+quantized backends are called (through stand-in modules, since this machine has no GPU)."""
+
+import inspect
+import logging
+import math
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sageattention as sa
+from sageattention import core, dispatch
+from sageattention.dispatch import BackendChoice
+from sageattention.reference import sageattn_reference
+
+# The SageAttention 2.2 API, verbatim from the issue: (name, default) in order; "*" marks **kwargs.
+EXPECTED_SIGNATURES = {
+    "sageattn": [("q", None), ("k", None), ("v", None), ("tensor_layout", "HND"), ("is_causal", False),
+                 ("sm_scale", None), ("return_lse", False), ("**kwargs", None)],
+    "sageattn_varlen": [("q", None), ("k", None), ("v", None), ("cu_seqlens_q", None), ("cu_seqlens_k", None),
+                        ("max_seqlen_q", None), ("max_seqlen_k", None), ("is_causal", False),
+                        ("sm_scale", None), ("smooth_k", True), ("**kwargs", None)],
+    "sageattn_qk_int8_pv_fp16_triton": [
+        ("q", None), ("k", None), ("v", None), ("tensor_layout", "HND"), ("quantization_backend", "triton"),
+        ("is_causal", False), ("attn_mask", None), ("sm_scale", None), ("smooth_k", True),
+        ("return_lse", False), ("**kwargs", None)],
+    "sageattn_qk_int8_pv_fp16_cuda": [
+        ("q", None), ("k", None), ("v", None), ("tensor_layout", "HND"), ("is_causal", False),
+        ("qk_quant_gran", "per_thread"), ("sm_scale", None), ("pv_accum_dtype", "fp32"), ("smooth_k", True),
+        ("smooth_v", False), ("return_lse", False), ("**kwargs", None)],
+    "sageattn_qk_int8_pv_fp8_cuda": [
+        ("q", None), ("k", None), ("v", None), ("tensor_layout", "HND"), ("is_causal", False),
+        ("qk_quant_gran", "per_thread"), ("sm_scale", None), ("pv_accum_dtype", "fp32+fp16"),
+        ("smooth_k", True), ("smooth_v", False), ("return_lse", False), ("**kwargs", None)],
+    "sageattn_qk_int8_pv_fp8_cuda_sm90": [
+        ("q", None), ("k", None), ("v", None), ("tensor_layout", "HND"), ("is_causal", False),
+        ("qk_quant_gran", "per_thread"), ("sm_scale", None), ("pv_accum_dtype", "fp32+fp32"),
+        ("smooth_k", True), ("return_lse", False), ("**kwargs", None)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SIGNATURES))
+def test_signature_matches_sageattention_2_2(name):
+    params = list(inspect.signature(getattr(sa, name)).parameters.values())
+    got = []
+    for p in params:
+        if p.kind is p.VAR_KEYWORD:
+            got.append(("**" + p.name, None))
+        else:
+            assert p.kind is p.POSITIONAL_OR_KEYWORD, p
+            got.append((p.name, None if p.default is p.empty else p.default))
+    assert got == EXPECTED_SIGNATURES[name]
+    for p in params:  # required parameters really have no default
+        if p.name in ("q", "k", "v") or p.name.startswith(("cu_seqlens", "max_seqlen")):
+            assert p.default is p.empty
+
+
+def test_import_exposes_version_and_api():
+    assert sa.__version__.startswith("2.2.0")
+    for name in ("sageattn", "select_backend", "explain", "force_backend", "last_backend", "patch_sdpa",
+                 "scaled_dot_product_attention"):
+        assert callable(getattr(sa, name))
+
+
+def qkv(b=2, hq=4, hkv=2, nq=24, nk=40, d=64, dtype=torch.float16, layout="HND"):
+    def shape(h, n):
+        return (b, h, n, d) if layout == "HND" else (b, n, h, d)
+    return (torch.randn(shape(hq, nq), dtype=dtype), torch.randn(shape(hkv, nk), dtype=dtype),
+            torch.randn(shape(hkv, nk), dtype=dtype))
+
+
+def sdpa(q, k, v, **kw):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **kw)
+
+
+# --- the SDPA fallback is SDPA -----------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(24, 40), (40, 24)])
+def test_cpu_fallback_is_exactly_sdpa(causal, nq, nk):
+    q, k, v = qkv(nq=nq, nk=nk)
+    assert torch.equal(sa.sageattn(q, k, v, is_causal=causal), sdpa(q, k, v, is_causal=causal))
+    assert sa.last_backend() == "sdpa"
+
+
+def test_nhd_fallback_is_exactly_sdpa():
+    q, k, v = qkv(layout="NHD")
+    out = sa.sageattn(q, k, v, tensor_layout="NHD", sm_scale=0.3)
+    ref = sdpa(*(t.transpose(1, 2) for t in (q, k, v)), scale=0.3).transpose(1, 2)
+    assert out.shape == q.shape and torch.equal(out, ref)
+
+
+def test_masks_are_honoured():
+    q, k, v = qkv()
+    bool_mask = torch.rand(2, 1, 24, 40) > 0.3
+    bool_mask[..., 0] = True
+    assert torch.equal(sa.sageattn(q, k, v, attn_mask=bool_mask), sdpa(q, k, v, attn_mask=bool_mask))
+    add16 = torch.randn(24, 40, dtype=torch.float16)
+    assert torch.equal(sa.sageattn(q, k, v, attn_mask=add16), sdpa(q, k, v, attn_mask=add16))
+    # fp32 additive mask with fp16 inputs: computed in fp32, so it matches float64 SDPA closely.
+    add32 = torch.randn(1, 4, 24, 40) * 3
+    out = sa.sageattn(q, k, v, attn_mask=add32)
+    ref = sdpa(q.double(), k.double(), v.double(), attn_mask=add32.double())
+    assert out.dtype == torch.float16 and (out.double() - ref).abs().max() < 2e-3
+    # The mask really changes the result (it is not dropped).
+    assert not torch.allclose(out, sa.sageattn(q, k, v))
+
+
+def test_sdpa_keywords_are_honoured():
+    q, k, v = qkv()
+    assert torch.equal(sa.sageattn(q, k, v, scale=0.25), sdpa(q, k, v, scale=0.25))
+    assert torch.equal(sa.sageattn(q, k, v, scale=0.25, sm_scale=0.25), sdpa(q, k, v, scale=0.25))
+    torch.manual_seed(1)
+    a = sa.sageattn(q.float(), k.float(), v.float(), dropout_p=0.5)
+    torch.manual_seed(1)
+    b = sdpa(q.float(), k.float(), v.float(), dropout_p=0.5)
+    assert torch.equal(a, b) and not torch.allclose(a, sa.sageattn(q.float(), k.float(), v.float()))
+    assert sa.sageattn(q, k, v, enable_gqa=True).shape == q.shape
+
+
+def test_fp32_fp64_and_grad_fall_back_with_gradients():
+    q, k, v = (t.float().requires_grad_() for t in qkv())
+    out = sa.sageattn(q, k, v, is_causal=True)
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    q64, k64, v64 = (t.double() for t in qkv())
+    assert sa.sageattn(q64, k64, v64).dtype == torch.float64
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
+def test_fallback_lse_is_natural_log(causal, masked):
+    q, k, v = qkv(nq=40, nk=24)
+    mask = (torch.rand(40, 24) > 0.5) if masked else None
+    if masked:
+        mask[:, 0] = True
+    out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
+    assert lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 64 ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(40, 24, dtype=torch.bool).triu(1), -math.inf)
+    if masked:
+        s = s.masked_fill(~mask, -math.inf)
+    assert (lse.double() - s.logsumexp(-1)).abs().max() < 1e-4
+
+
+def test_non_contiguous_inputs_give_correct_results():
+    q, k, v = qkv()
+    qs, ks, vs = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (q, k, v))
+    assert not qs.is_contiguous()
+    # SDPA's CPU kernels may round strided inputs differently, so compare at fp16 precision.
+    ref = sdpa(q.double(), k.double(), v.double())
+    assert (sa.sageattn(qs, ks, vs).double() - ref).abs().max() < 2e-3
+    big = torch.randn(2, 4, 24, 128, dtype=torch.float16)
+    sliced = big[..., ::2]  # stride 2 in the head dim
+    ref = sdpa(*(sliced.double() for _ in range(3)))
+    assert (sa.sageattn(sliced, sliced, sliced).double() - ref).abs().max() < 2e-3
+
+
+@pytest.mark.parametrize("shape_kw", [{"b": 0}, {"nq": 0}, {"nk": 0}, {"hq": 0, "hkv": 0}])
+def test_empty_inputs_return_empty_results(shape_kw):
+    q, k, v = qkv(**shape_kw)
+    out, lse = sa.sageattn(q, k, v, return_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.any()
+    assert lse.shape == (q.shape[0], q.shape[1], q.shape[2])
+    assert sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v).shape == q.shape
+
+
+def test_kernel_functions_on_cpu_fall_back_with_a_logged_reason(caplog, monkeypatch):
+    monkeypatch.setattr(dispatch, "_logged", set())
+    q, k, v = qkv()
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        for fn in (sa.sageattn_qk_int8_pv_fp16_cuda, sa.sageattn_qk_int8_pv_fp8_cuda,
+                   sa.sageattn_qk_int8_pv_fp8_cuda_sm90, sa.sageattn_qk_int8_pv_fp16_triton):
+            assert torch.equal(fn(q, k, v, is_causal=True), sdpa(q, k, v, is_causal=True))
+            assert sa.last_backend() == "sdpa"
+    assert any("on cpu" in r.getMessage() for r in caplog.records)
+    mask = torch.ones(24, 40, dtype=torch.bool).tril()
+    assert torch.equal(sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, attn_mask=mask), sdpa(q, k, v, attn_mask=mask))
+
+
+def test_unknown_keyword_warns_once_by_name(monkeypatch):
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
+    q, k, v = qkv()
+    with pytest.warns(UserWarning, match="'tile_size'"):
+        sa.sageattn(q, k, v, tile_size=4)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sa.sageattn(q, k, v, tile_size=4)
+
+
+# --- varlen ---------------------------------------------------------------------------------
+
+def packed(lens_q, lens_k, hq=4, hkv=2, d=64):
+    q = torch.randn(sum(lens_q), hq, d, dtype=torch.float16)
+    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.float16)
+    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.float16)
+    cu = [torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32) for lens in (lens_q, lens_k)]
+    return q, k, v, cu[0], cu[1]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_fallback_is_sdpa_per_sequence(causal):
+    lens_q, lens_k = (5, 0, 17, 9), (7, 3, 12, 0)
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k)
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 12, is_causal=causal, sm_scale=0.2)
+    assert out.shape == q.shape and sa.last_backend() == "sdpa"
+    for i in range(4):
+        a, b, c, d = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if b == a:
+            continue
+        if d == c:
+            assert not out[a:b].any()
+            continue
+        ref = sdpa(q[a:b].transpose(0, 1)[None], k[c:d].transpose(0, 1)[None], v[c:d].transpose(0, 1)[None],
+                   is_causal=causal, scale=0.2)[0].transpose(0, 1)
+        assert torch.equal(out[a:b], ref)
+
+
+# --- the quantized paths, through stand-in modules ------------------------------------------
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Stand-ins for sageattention.native / .triton / .guard that record their calls and compute the
+    reference, plus a dispatcher that returns the choice the test sets."""
+    calls = []
+
+    def native_op(pv_dtype):
+        def op(q, k, v, *, family, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
+               smooth_k, smooth_v, return_lse):
+            calls.append(dict(op=pv_dtype, family=family, layout=tensor_layout, causal=is_causal,
+                              scale=sm_scale, gran=qk_quant_gran, accum=pv_accum_dtype, smooth_k=smooth_k,
+                              smooth_v=smooth_v, lse=return_lse, contiguous=q.is_contiguous()))
+            out, lse = sageattn_reference(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                                          sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_dtype=pv_dtype,
+                                          pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+                                          smooth_v=smooth_v, return_lse=True)
+            return out, (lse if return_lse else None)
+        return op
+
+    native = types.SimpleNamespace(qk_int8_pv_fp16=native_op("fp16"), qk_int8_pv_fp8=native_op("fp8"))
+
+    def triton_attention(q, k, v, *, tensor_layout, is_causal, attn_mask, sm_scale, smooth_k, return_lse):
+        calls.append(dict(op="triton", mask=attn_mask, layout=tensor_layout, scale=sm_scale))
+        return torch.zeros_like(q), None
+
+    triton = types.SimpleNamespace(attention=triton_attention)
+    guard = types.SimpleNamespace(check_device=lambda device: calls.append(dict(op="guard", device=device)))
+    for name, module in (("native", native), ("triton", triton), ("guard", guard)):
+        monkeypatch.setitem(sys.modules, f"sageattention.{name}", module)
+        monkeypatch.setattr(sa, name, module, raising=False)
+    monkeypatch.setattr(core, "_checked_devices", set())
+    state = {}
+    monkeypatch.setattr(dispatch, "choose_for_call", lambda call, **kw: state["choice"])
+    return calls, state
+
+
+def test_native_call_receives_resolved_arguments(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("cuda-sm80-fp16", "test", False, "per_warp", "fp16+fp32")
+    q, k, v = qkv(layout="NHD")
+    q = q.transpose(2, 3).contiguous().transpose(2, 3)  # strided: must reach the kernel contiguous
+    out, lse = sa.sageattn(q, k, v, tensor_layout="NHD", is_causal=True, scale=0.1, smooth_v=True,
+                           return_lse=True)
+    assert calls[0] == dict(op="guard", device=torch.device("cpu"))
+    assert calls[1] == dict(op="fp16", family="sm80", layout="NHD", causal=True, scale=0.1, gran="per_warp",
+                            accum="fp16+fp32", smooth_k=True, smooth_v=True, lse=True, contiguous=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 24)
+    assert sa.last_backend() == "cuda-sm80-fp16"
+    sa.sageattn(q, k, v, tensor_layout="NHD")
+    assert [c["op"] for c in calls].count("guard") == 1  # the guard runs once per device
+
+
+def test_fp8_function_passes_its_accumulator(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("cuda-sm89-fp8", "test", False, "per_thread", "fp32+fp16")
+    q, k, v = qkv()
+    sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, smooth_v=True)
+    assert calls[-1]["op"] == "fp8" and calls[-1]["family"] == "sm89" and calls[-1]["smooth_v"]
+    assert sa.last_backend() == "cuda-sm89-fp8"
+
+
+def test_triton_call_receives_the_mask(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("triton-fp16", "test", False, "per_block", "fp32")
+    q, k, v = qkv()
+    mask = torch.zeros(24, 40, dtype=torch.float32)
+    sa.sageattn(q, k, v, attn_mask=mask)
+    assert calls[-1]["op"] == "triton" and calls[-1]["mask"] is mask
+    assert sa.last_backend() == "triton-fp16"

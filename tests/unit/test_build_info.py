@@ -1,0 +1,79 @@
+"""Build info: what setup.py writes, what the package reads, and one naming rule for both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sageattention import build_info
+from scripts.factory import arch, buildinfo, labels
+from scripts.factory.model import Cell, Target
+
+ARCHITECTURE_FIELDS = {"version", "local_label", "sm_targets", "families", "torch", "cuda",
+                       "python_tag", "platform", "compilers", "git_commit", "build_date",
+                       "cell_id"}
+
+
+def make(**kw):
+    families = arch.load_families()
+    args = dict(version="2.2.0+sm75.torch2.14cu130", local_label="sm75.torch2.14cu130",
+                targets=[Target(75, True)], builds=arch.family_builds([(75, True)], families),
+                torch_version="2.14.1+cu130", cuda="13.0", torch_requirement="torch==2.14.*",
+                nvcc_version="13.0.88", cell_id="linux-cp311-torch2.14-cu130-sm75",
+                env={"SOURCE_COMMIT": "a" * 40, "SOURCE_DATE_EPOCH": "1764633600"})
+    args.update(kw)
+    return buildinfo.make_build_info(**args)
+
+
+def test_build_info_has_every_contract_field():
+    info = make()
+    assert ARCHITECTURE_FIELDS <= set(info)
+    assert info["sm_targets"] == ["sm75+PTX"] and info["families"] == ["sm75"]
+    assert info["ptx"] == ["compute_75"]
+    assert info["gencode"]["sm75"][0] == "-gencode=arch=compute_75,code=sm_75"
+    assert info["compilers"]["nvcc"] == "13.0.88" and info["compilers"]["host"]
+    assert info["git_commit"] == "a" * 40
+    assert info["build_date"] == "2025-12-02T00:00:00+00:00"
+    json.dumps(info)  # serializable as written into the wheel
+
+
+def test_guard_accepts_what_the_build_writes():
+    from sageattention import guard
+
+    info = make()
+    assert guard.import_problem(info, "2.14.1+cu130", "13.0") is None
+    assert guard.served_by(info, (7, 5)) == "sm75 SASS"
+
+
+def test_source_checkout_has_no_build_info():
+    build_info.load.cache_clear()
+    try:
+        assert build_info.load() is None
+        assert build_info.package_version() == labels.base_version()
+    finally:
+        build_info.load.cache_clear()
+
+
+def test_package_version_comes_from_build_info(monkeypatch):
+    monkeypatch.setattr(build_info, "load", lambda: {"version": "2.2.0+sm80.torch2.14cu130"})
+    assert build_info.package_version() == "2.2.0+sm80.torch2.14cu130"
+
+
+def test_factory_and_runtime_share_one_label_rule():
+    assert labels.LocalLabel.__module__ == "_sageattention_label_rule"
+    assert labels.LocalLabel.__qualname__ == build_info.LocalLabel.__qualname__
+    cell = Cell(os="linux", python="3.12", torch="2.12.0", cuda="13.0",
+                targets=(Target(75, True),))
+    runtime = build_info.LocalLabel.create([75], "2.12.0", "13.0")
+    assert str(runtime) == str(cell.label)
+    name = build_info.wheel_filename(runtime, "cp312", "linux_x86_64", "2.2.0")
+    assert name == "sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl"
+    assert labels.cell_for_wheel(name, [cell]) == cell
+
+
+def test_label_rejects_bad_input():
+    with pytest.raises(ValueError, match="at least one SM"):
+        build_info.LocalLabel.create([], "2.14", "13.0")
+    with pytest.raises(ValueError, match="torch version"):
+        build_info.LocalLabel.create([80], "latest", "13.0")

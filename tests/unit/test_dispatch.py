@@ -1,0 +1,255 @@
+"""Backend selection rules (capability table + dispatch), exercised without a GPU through choose()."""
+
+import json
+import logging
+import threading
+from importlib import resources
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import backends, dispatch
+from sageattention.dispatch import BackendUnavailableError, Inventory, Request, choose
+
+ALL = ("sm75", "sm80", "sm89")
+
+
+def inv(*families, triton=True):
+    native = {f: (None if f in families else "not in this build") for f in ALL}
+    return Inventory(native=native, triton=(True, "ok") if triton else (False, "Triton is not installed"))
+
+
+def req(cap=(9, 0), **kw):
+    base = dict(device_type="cuda", capability=cap, dtype=torch.float16, head_dim=128)
+    base.update(kw)
+    return Request(**base)
+
+
+# --- the table ------------------------------------------------------------------------------
+
+def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
+    table = backends.capability_table()
+    assert tuple(r.name for r in table) == ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16",
+                                            "triton-fp16", "sdpa")
+    families = json.loads(resources.files("sageattention.native").joinpath("families.json").read_text())
+    for row in table:
+        if row.kind != "native":
+            continue
+        spec = families["families"][row.family]
+        assert row.head_dims == frozenset(spec["head_dims"])
+        assert set(row.qk_quant_grans) == set(spec["qk_quant_gran"])
+        assert set(row.pv_accum_dtypes) == set(spec["pv_accum_dtype"])
+        assert row.op in spec["ops"]
+    with pytest.raises(Exception):
+        table[0].name = "x"  # frozen records
+
+
+@pytest.mark.parametrize("cap,order", [
+    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
+    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
+    ((8, 6), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
+    ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
+    ((7, 5), ("cuda-sm75-fp16", "sdpa")),
+    ((7, 0), ("sdpa",)),
+    (None, ("sdpa",)),
+])
+def test_preference_order(cap, order):
+    assert backends.preference_order(cap) == order
+
+
+def test_sm75_family_reaches_newer_gpus_only_through_ptx():
+    sm75, sm80 = backends.backend("cuda-sm75-fp16"), backends.backend("cuda-sm80-fp16")
+    assert sm75.serves((7, 5)) and sm75.serves((9, 0)) and sm75.serves((12, 0)) and not sm75.serves((7, 0))
+    assert sm80.serves((8, 6)) and not sm80.serves((7, 5)) and not sm80.serves((10, 0))
+
+
+# --- the rule -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cap,families,triton,expect", [
+    ((9, 0), ALL, True, "cuda-sm89-fp8"),
+    ((9, 0), ("sm80",), True, "cuda-sm80-fp16"),
+    ((9, 0), ("sm75",), True, "triton-fp16"),
+    ((9, 0), ("sm75",), False, "cuda-sm75-fp16"),   # the Turing wheel on an H200: PTX JIT
+    ((8, 9), ("sm80", "sm89"), True, "cuda-sm89-fp8"),
+    ((8, 6), ALL, True, "cuda-sm80-fp16"),
+    ((8, 0), (), True, "triton-fp16"),
+    ((7, 5), ALL, True, "cuda-sm75-fp16"),
+    ((12, 0), ALL, True, "triton-fp16"),            # no SASS for sm120 in sm80/sm89 families
+])
+def test_best_backend_per_gpu_and_build(cap, families, triton, expect):
+    choice = choose(req(cap), inv(*families, triton=triton))
+    assert choice.name == expect and not choice.fallback
+    assert choice.qk_quant_gran in backends.backend(expect).qk_quant_grans
+
+
+def test_defaults_resolved_for_native_backends():
+    fp8 = choose(req(), inv(*ALL))
+    assert (fp8.qk_quant_gran, fp8.pv_accum_dtype) == ("per_thread", "fp32+fp32")
+    sm75 = choose(req((7, 5)), inv(*ALL))
+    assert (sm75.qk_quant_gran, sm75.pv_accum_dtype) == ("per_warp", "fp32")
+
+
+def test_reason_names_skipped_backends():
+    choice = choose(req((9, 0)), inv("sm80"))
+    assert "cuda-sm89-fp8" in choice.reason and "not in this build" in choice.reason
+    assert "sm90" in choice.reason
+
+
+@pytest.mark.parametrize("request_kw,cap,triton,expect,reason", [
+    ({"device_type": "cpu", "capability": None}, None, True, "sdpa", "on cpu"),
+    ({"dtype": torch.float32}, (9, 0), True, "sdpa", "float32"),
+    ({"dtype": torch.float64}, (9, 0), True, "sdpa", "float64"),
+    ({"requires_grad": True}, (9, 0), True, "sdpa", "require grad"),
+    ({"dropout": True}, (9, 0), True, "sdpa", "dropout"),
+    ({"has_mask": True}, (9, 0), True, "triton-fp16", ""),
+    ({"has_mask": True}, (9, 0), False, "sdpa", "takes no attention mask"),
+    ({"has_mask": True}, (7, 5), True, "sdpa", "mask"),
+    ({"head_dim": 96}, (9, 0), True, "triton-fp16", ""),
+    ({"head_dim": 96}, (9, 0), False, "sdpa", "head dim 96"),
+    ({"head_dim": 96}, (7, 5), True, "sdpa", "head dim 96 is not covered"),
+    ({"head_dim": 512}, (9, 0), True, "sdpa", "head dim 512"),
+])
+def test_fallbacks(request_kw, cap, triton, expect, reason):
+    base = {"capability": cap, **request_kw}
+    choice = choose(req(**base), inv(*ALL, triton=triton))
+    assert choice.name == expect
+    assert choice.fallback == (expect == "sdpa")
+    assert reason in choice.reason
+
+
+def test_requested_accumulator_picks_the_family_that_has_it():
+    choice = choose(req(pv_accum_dtype="fp16+fp32"), inv(*ALL))
+    assert choice.name == "cuda-sm80-fp16" and choice.pv_accum_dtype == "fp16+fp32"
+    assert not choice.adjustments
+
+
+def test_unavailable_granularity_is_substituted_and_said():
+    choice = choose(req((7, 5), qk_quant_gran="per_thread"), inv(*ALL))
+    assert choice.name == "cuda-sm75-fp16" and choice.qk_quant_gran == "per_warp"
+    assert any("per_thread" in a and "per_warp" in a for a in choice.adjustments)
+
+
+# --- kernel-specific functions: candidates without fallback -----------------------------------
+
+def test_kernel_function_without_its_family_is_a_clear_error():
+    with pytest.raises(BackendUnavailableError, match=r"cuda-sm89-fp8.*installed build contains: native "
+                                                      r"families sm80"):
+        choose(req((8, 0)), inv("sm80"), candidates=("cuda-sm89-fp8",), allow_fallback=False)
+    with pytest.raises(BackendUnavailableError, match="not in this build"):
+        choose(req((9, 0)), inv("sm75"), candidates=("cuda-sm89-fp8",), allow_fallback=False)
+
+
+def test_kernel_function_falls_back_when_the_input_needs_sdpa():
+    for kw in ({"has_mask": True}, {"dtype": torch.float32}, {"device_type": "cpu", "capability": None},
+               {"requires_grad": True}, {"head_dim": 80}):
+        choice = choose(req(**kw), inv(), candidates=("cuda-sm89-fp8",), allow_fallback=False)
+        assert choice.name == "sdpa" and choice.fallback, kw
+
+
+def test_triton_function_takes_masks():
+    choice = choose(req(has_mask=True), inv(*ALL), candidates=("triton-fp16",), allow_fallback=False)
+    assert choice.name == "triton-fp16"
+
+
+# --- forcing --------------------------------------------------------------------------------
+
+def test_forcing_a_usable_backend():
+    assert choose(req(), inv(*ALL), forced="cuda-sm80-fp16").name == "cuda-sm80-fp16"
+    assert choose(req(), inv(*ALL), forced="cuda-sm75-fp16").name == "cuda-sm75-fp16"
+    forced_sdpa = choose(req(), inv(*ALL), forced="sdpa")
+    assert forced_sdpa.name == "sdpa" and "forced" in forced_sdpa.reason
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("cuda-sm89-fp8", {"capability": (8, 0)}, "not served"),
+    ("cuda-sm80-fp16", {}, "not in this build"),
+    ("cuda-sm89-fp8", {"has_mask": True}, "takes no attention mask"),
+    ("triton-fp16", {"device_type": "cpu", "capability": None}, "CUDA"),
+])
+def test_forcing_an_unusable_backend_is_an_error(name, kw, match):
+    with pytest.raises(BackendUnavailableError, match=match):
+        choose(req(**kw), inv("sm89"), forced=name)
+
+
+def test_force_backend_context_and_env_var():
+    assert dispatch.forced_backend(env={}) is None
+    assert dispatch.forced_backend(env={"SAGEATTENTION_BACKEND": "sdpa"}) == "sdpa"
+    with pytest.raises(ValueError, match="SAGEATTENTION_BACKEND='cuda'.*cuda-sm80-fp16"):
+        dispatch.forced_backend(env={"SAGEATTENTION_BACKEND": "cuda"})
+    with sa.force_backend("triton-fp16"):
+        assert dispatch.forced_backend(env={"SAGEATTENTION_BACKEND": "sdpa"}) == "triton-fp16"
+        with sa.force_backend("sdpa"):
+            assert dispatch.forced_backend(env={}) == "sdpa"
+        assert dispatch.forced_backend(env={}) == "triton-fp16"
+    assert dispatch.forced_backend(env={}) is None
+    with pytest.raises(ValueError, match="not a backend"):
+        with sa.force_backend("flash"):
+            pass
+
+
+def test_forced_native_on_cpu_tensors_raises_through_the_api(monkeypatch):
+    monkeypatch.delenv("SAGEATTENTION_BACKEND", raising=False)
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    with sa.force_backend("cuda-sm80-fp16"):
+        with pytest.raises(BackendUnavailableError, match="cuda-sm80-fp16.*CUDA"):
+            sa.sageattn(q, q, q)
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "cuda-sm89-fp8")
+    with pytest.raises(BackendUnavailableError):
+        sa.sageattn(q, q, q)
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "sdpa")
+    sa.sageattn(q, q, q)
+    assert sa.last_backend() == "sdpa"
+
+
+# --- explain / last_backend / logging ----------------------------------------------------------
+
+def test_select_backend_and_explain_on_cpu():
+    q = torch.randn(1, 2, 8, 64)
+    choice = sa.select_backend(q, q, q, is_causal=True)
+    assert choice.name == "sdpa" and choice.fallback and "cpu" in choice.reason
+    text = sa.explain(q, q, q)
+    assert text.startswith("sageattn falls back to PyTorch SDPA because") and "cpu" in text
+
+
+def test_explain_sentence_for_a_native_choice():
+    choice = choose(req((8, 0)), inv(*ALL))
+    text = choice.sentence()
+    assert "'cuda-sm80-fp16'" in text and "per_thread" in text and "fp32" in text
+
+
+def test_last_backend_is_thread_local():
+    q = torch.randn(1, 2, 8, 64)
+    sa.sageattn(q, q, q)
+    assert sa.last_backend() == "sdpa"
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(sa.last_backend()))
+    t.start()
+    t.join()
+    assert seen == [None]
+
+
+def test_each_fallback_reason_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(dispatch, "_logged", set())
+    q = torch.randn(1, 2, 8, 64)
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        for _ in range(3):
+            sa.sageattn(q, q, q)
+            sa.sageattn(q.double(), q.double(), q.double())
+    messages = [r.getMessage() for r in caplog.records if r.name == "sageattention"]
+    assert len(messages) == 1 and "on cpu" in messages[0]
+    # A different reason is a different message.
+    monkeypatch.setattr(dispatch, "_logged", set())
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        dispatch.log_once("a")
+        dispatch.log_once("b")
+        dispatch.log_once("a")
+    assert [r.getMessage() for r in caplog.records][-2:] == ["a", "b"]
+
+
+def test_inventory_without_compiled_kernels_says_why():
+    state = dispatch._native_state()
+    assert set(state) == set(ALL)
+    # In a source checkout nothing is compiled; each family reports a reason, never a crash.
+    for family, why in state.items():
+        assert why is None or isinstance(why, str)

@@ -1,0 +1,115 @@
+"""The runtime guard: its verdicts and the sentences it says (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from sageattention import __main__ as diagnostics
+from sageattention import build_info, guard
+
+INFO = {
+    "version": "2.2.0+sm75.torch2.12cu130", "local_label": "sm75.torch2.12cu130",
+    "sm_targets": ["sm75+PTX"], "families": ["sm75"], "ptx": ["compute_75"],
+    "torch": "2.12.0+cu130", "cuda": "13.0", "python_tag": "cp312",
+    "platform": "linux_x86_64", "cell_id": "linux-cp312-torch2.12-cu130-sm75",
+}
+SM80 = dict(INFO, version="2.2.0+sm80.torch2.12cu130", local_label="sm80.torch2.12cu130",
+            sm_targets=["sm80"], families=["sm80"], ptx=[])
+PY = f"cp{sys.version_info.major}{sys.version_info.minor}"
+
+
+@pytest.fixture(autouse=True)
+def _platform(monkeypatch):
+    monkeypatch.setattr(guard, "_platform_tag", lambda info: "manylinux_2_34_x86_64")
+
+
+def test_matching_environment_passes():
+    assert guard.import_problem(INFO, "2.12.0+cu130", "13.0") is None
+    assert guard.import_problem(INFO, "2.12.1", "13.1") is None   # patch/minor CUDA is fine
+    assert guard.import_problem(None, "2.14.1", None) is None     # source checkout
+
+
+def test_torch_mismatch_names_both_versions_and_the_wheel_to_install():
+    msg = guard.import_problem(INFO, "2.14.1+cu130", "13.0")
+    assert "built for torch 2.12 (installed: 2.14.1+cu130)" in msg
+    assert (f"sageattention-2.2.0+sm75.torch2.14cu130-{PY}-{PY}-manylinux_2_34_x86_64.whl"
+            in msg)
+    assert "SAGEATTENTION_SM_TARGETS='sm75'" in msg
+
+
+def test_cuda_major_mismatch_and_cpu_torch():
+    msg = guard.import_problem(INFO, "2.12.0+cu128", "12.8")
+    assert "CUDA 13.0 (installed torch uses CUDA 12.8)" in msg
+    assert "sm75.torch2.12cu128" in msg
+    cpu = guard.import_problem(INFO, "2.12.0+cpu", None)
+    assert "CPU-only build" in cpu and "torch==2.12.*" in cpu and "cu130" in cpu
+
+
+def test_device_served_by_sass_or_ptx():
+    assert guard.served_by(SM80, (8, 0)) == "sm80 SASS"
+    assert guard.served_by(SM80, (8, 6)) == "sm80 SASS"      # same major, newer minor
+    assert guard.served_by(SM80, (9, 0)) is None             # no PTX: sm90 cannot run sm80
+    assert guard.served_by(SM80, (7, 5)) is None
+    assert guard.served_by(INFO, (7, 5)) == "sm75 SASS"
+    assert "compute_75 PTX" in guard.served_by(INFO, (9, 0))  # the H200 runs sm75 as PTX
+
+
+def test_device_mismatch_names_targets_gpu_and_wheel():
+    msg = guard.device_problem(SM80, (9, 0), "NVIDIA H200 (cuda:0)")
+    assert "has kernels for sm80 (embedded PTX: none)" in msg
+    assert "cannot run on NVIDIA H200 (cuda:0) (sm90)" in msg
+    assert "sageattention-2.2.0+sm90.torch2.12cu130-" in msg
+    assert guard.device_problem(SM80, (8, 9)) is None
+    assert guard.device_problem(None, (5, 0)) is None
+
+
+def test_check_import_raises_or_defers_to_diagnostics(monkeypatch):
+    monkeypatch.setattr(build_info, "load", lambda: INFO)
+    monkeypatch.setattr(guard, "_torch_facts", lambda: ("2.14.1", "13.0"))
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-c", "import sageattention"],
+                        raising=False)
+    with pytest.raises(guard.IncompatibleBuildError, match="built for torch 2.12"):
+        guard.check_import()
+    assert issubclass(guard.IncompatibleBuildError, RuntimeError)
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "sageattention"], raising=False)
+    guard.check_import()  # `python -m sageattention` must get to print its verdict
+
+
+def test_check_import_and_device_are_no_ops_in_a_source_checkout(monkeypatch):
+    monkeypatch.setattr(build_info, "load", lambda: None)
+    guard.check_import()
+    guard.check_device("cuda:0")  # no torch.cuda call is made without build info
+
+
+def test_check_device_raises_for_an_unserved_gpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(build_info, "load", lambda: SM80)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(guard, "_checked_devices", set())
+    with pytest.raises(guard.IncompatibleBuildError, match="cannot run on NVIDIA H200"):
+        guard.check_device("cuda:3")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (8, 6))
+    guard.check_device("cuda:3")
+    assert 3 in guard._checked_devices
+
+
+def test_diagnostics_verdict_lines():
+    env = {"torch": "2.12.0+cu130", "torch_cuda": "13.0",
+           "gpus": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"}]}
+    ok, lines = diagnostics.verdict(INFO, env)
+    assert ok and "runs this build's compute_75 PTX" in lines[-1]
+    ok, lines = diagnostics.verdict(SM80, env)
+    assert not ok and lines[-1].startswith("MISMATCH: ") and "sm90" in lines[-1]
+    ok, lines = diagnostics.verdict(INFO, dict(env, torch="2.14.1", gpus=[]))
+    assert not ok and "no CUDA GPU visible" in lines[-1]
+    assert diagnostics.verdict(None, env)[0]
+
+
+def test_diagnostics_command_in_a_source_checkout(capsys, monkeypatch):
+    monkeypatch.setattr(build_info, "load", lambda: None)
+    assert diagnostics.main([]) == 0
+    out = capsys.readouterr().out
+    assert "build info: none (source checkout)" in out and "verdict: OK" in out

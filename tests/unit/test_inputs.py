@@ -1,0 +1,160 @@
+"""Bad input raises ValueError/TypeError naming the problem, before any backend is chosen."""
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import inputs
+
+
+def qkv(b=1, hq=2, hkv=2, nq=16, nk=16, d=64, dtype=torch.float16):
+    return (torch.randn(b, hq, nq, d, dtype=dtype), torch.randn(b, hkv, nk, d, dtype=dtype),
+            torch.randn(b, hkv, nk, d, dtype=dtype))
+
+
+@pytest.fixture(autouse=True)
+def no_backend_runs(monkeypatch):
+    """Validation must fail before dispatch: any dispatch in these tests is a bug."""
+    def boom(*args, **kwargs):
+        raise AssertionError("dispatch reached with invalid input")
+    monkeypatch.setattr(sa.dispatch, "choose_for_call", boom)
+
+
+def shapes_case(name):
+    q, k, v = qkv()
+    if name == "rank":
+        return (q[0], k, v), ValueError, "4-D"
+    if name == "batch":
+        return (q, torch.randn(2, 2, 16, 64, dtype=q.dtype), torch.randn(2, 2, 16, 64, dtype=q.dtype)), \
+            ValueError, "batch"
+    if name == "head_dim":
+        return (q, k[..., :32].contiguous(), v[..., :32].contiguous()), ValueError, "head dims"
+    if name == "kv_len":
+        return (q, k, v[:, :, :8]), ValueError, "token counts"
+    if name == "heads":
+        return (torch.randn(1, 3, 16, 64, dtype=q.dtype), k, v), ValueError, "multiple of key/value heads"
+    if name == "devices":
+        return (q, k.to("meta"), v), ValueError, "one device"
+    if name == "dtypes":
+        return (q, k.float(), v), TypeError, "one dtype"
+    if name == "int":
+        return (q.to(torch.int32), k.to(torch.int32), v.to(torch.int32)), TypeError, "floating point"
+    if name == "not_tensor":
+        return (q.tolist(), k, v), TypeError, "torch.Tensor"
+    raise KeyError(name)
+
+
+SHAPE_CASES = ["rank", "batch", "head_dim", "kv_len", "heads", "devices", "dtypes", "int", "not_tensor"]
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES)
+@pytest.mark.parametrize("func", [sa.sageattn, sa.sageattn_qk_int8_pv_fp16_cuda, sa.sageattn_qk_int8_pv_fp8_cuda,
+                                  sa.sageattn_qk_int8_pv_fp8_cuda_sm90, sa.sageattn_qk_int8_pv_fp16_triton,
+                                  sa.select_backend])
+def test_bad_tensors(func, case):
+    args, error, match = shapes_case(case)
+    with pytest.raises(error, match=match):
+        func(*args)
+
+
+def test_nhd_shapes_are_read_in_nhd():
+    q, k, v = (t.transpose(1, 2) for t in qkv(nk=16))
+    with pytest.raises(ValueError, match="token counts differ: k 16, v 8"):
+        sa.sageattn(q, k, v[:, :8], tensor_layout="NHD")
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"tensor_layout": "BHSD"}, ValueError, "'HND', 'NHD'"),
+    ({"qk_quant_gran": "per_tile"}, ValueError, "'per_block', 'per_warp', 'per_thread'"),
+    ({"pv_accum_dtype": "fp64"}, ValueError, "'fp32', 'fp16\\+fp32'"),
+    ({"sm_scale": 0.1, "scale": 0.2}, ValueError, "disagree"),
+    ({"sm_scale": "0.1"}, TypeError, "sm_scale must be a real number"),
+    ({"scale": float("nan")}, ValueError, "finite"),
+    ({"dropout_p": 1.5}, ValueError, "dropout_p must be in"),
+    ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
+    ({"enable_gqa": False, "_gqa": True}, ValueError, "enable_gqa=False"),
+])
+def test_bad_options_for_sageattn(kwargs, error, match):
+    q, k, v = qkv(hq=4 if kwargs.pop("_gqa", False) else 2)
+    with pytest.raises(error, match=match):
+        sa.sageattn(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("func,kwargs,match", [
+    (sa.sageattn_qk_int8_pv_fp16_cuda, {"qk_quant_gran": "per_block"}, "'per_warp', 'per_thread'"),
+    (sa.sageattn_qk_int8_pv_fp16_cuda, {"pv_accum_dtype": "fp32+fp32"}, "'fp32', 'fp16\\+fp32', 'fp16'"),
+    (sa.sageattn_qk_int8_pv_fp8_cuda, {"pv_accum_dtype": "fp16"}, "'fp32\\+fp16', 'fp32\\+fp32', 'fp32'"),
+    (sa.sageattn_qk_int8_pv_fp8_cuda_sm90, {"qk_quant_gran": "thread"}, "per_thread"),
+    (sa.sageattn_qk_int8_pv_fp16_triton, {"quantization_backend": "cudnn"}, "'triton', 'cuda'"),
+    (sa.sageattn_qk_int8_pv_fp16_triton, {"tensor_layout": "hnd"}, "'HND', 'NHD'"),
+])
+def test_bad_options_for_kernel_functions(func, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        func(*qkv(), **kwargs)
+
+
+@pytest.mark.parametrize("mask,kwargs,error,match", [
+    (torch.ones(16, 15, dtype=torch.bool), {}, ValueError, "does not broadcast"),
+    (torch.ones(3, 2, 16, 16, dtype=torch.bool), {}, ValueError, "does not broadcast"),
+    (torch.ones(1, 1, 1, 16, 16, dtype=torch.bool), {}, ValueError, "does not broadcast"),
+    (torch.ones(16, 16, dtype=torch.bool), {"is_causal": True}, ValueError, "cannot be combined"),
+    (torch.ones(16, 16, dtype=torch.int64), {}, TypeError, "torch.bool"),
+    (torch.ones(16, 16, dtype=torch.float64), {}, TypeError, "additive"),
+    ([[True]], {}, TypeError, "torch.Tensor"),
+    (torch.ones(16, 16, dtype=torch.bool, device="meta"), {}, ValueError, "attn_mask is on meta"),
+])
+def test_bad_masks(mask, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        sa.sageattn(*qkv(), attn_mask=mask, **kwargs)
+    with pytest.raises(error, match=match):
+        sa.sageattn_qk_int8_pv_fp16_triton(*qkv(), attn_mask=mask, **kwargs)
+
+
+def test_masks_that_broadcast_are_accepted():
+    problem = inputs.check_qkv(*qkv(b=2), "HND")
+    for shape in [(16,), (16, 16), (1, 16, 16), (2, 1, 1, 16), (2, 2, 16, 16)]:
+        assert inputs.check_mask(torch.ones(shape, dtype=torch.bool), problem, False) is not None
+
+
+def varlen_inputs(lens_q=(5, 7), lens_k=(6, 9), hq=2, hkv=1, d=64):
+    q = torch.randn(sum(lens_q), hq, d, dtype=torch.float16)
+    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.float16)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, k.clone(), cu_q, cu_k, max(lens_q), max(lens_k)
+
+
+@pytest.mark.parametrize("edit,error,match", [
+    (lambda a: a.__setitem__(3, torch.tensor([1, 5, 12], dtype=torch.int32)), ValueError, "start at 0"),
+    (lambda a: a.__setitem__(3, torch.tensor([0, 7, 5, 12], dtype=torch.int32)), ValueError, "non-decreasing"),
+    (lambda a: a.__setitem__(3, torch.tensor([0, 5, 11], dtype=torch.int32)), ValueError, "end at the total"),
+    (lambda a: a.__setitem__(3, torch.tensor([0, 5, 12], dtype=torch.float32)), TypeError, "int32"),
+    (lambda a: a.__setitem__(3, torch.tensor([[0, 5, 12]], dtype=torch.int32)), ValueError, "1-D"),
+    (lambda a: a.__setitem__(4, torch.tensor([0, 15], dtype=torch.int32)), ValueError, "different batch"),
+    (lambda a: a.__setitem__(5, 6), ValueError, "max_seqlen_q=6 is smaller"),
+    (lambda a: a.__setitem__(6, 8.0), TypeError, "max_seqlen_k must be an int"),
+    (lambda a: a.__setitem__(0, a[0][None]), ValueError, "3-D"),
+    (lambda a: (a.__setitem__(1, a[1][..., :32]), a.__setitem__(2, a[2][..., :32])), ValueError, "head dims"),
+    (lambda a: a.__setitem__(2, a[2][..., :32]), ValueError, "k and v shapes differ"),
+    (lambda a: (a.__setitem__(0, torch.randn(12, 3, 64, dtype=torch.float16)),
+                a.__setitem__(1, torch.randn(15, 2, 64, dtype=torch.float16)),
+                a.__setitem__(2, torch.randn(15, 2, 64, dtype=torch.float16))), ValueError, "multiple"),
+    (lambda a: a.__setitem__(2, a[2].float()), TypeError, "one dtype"),
+])
+def test_bad_varlen_inputs(edit, error, match):
+    args = list(varlen_inputs())
+    edit(args)
+    with pytest.raises(error, match=match):
+        sa.sageattn_varlen(*args)
+
+
+def test_unknown_keyword_warns_once_by_name(monkeypatch):
+    monkeypatch.setattr(inputs, "_warned_kwargs", set())
+    with pytest.warns(UserWarning, match="'softcap'"):
+        inputs.split_kwargs("sageattn", {"softcap": 1.0}, inputs.SAGEATTN_KEYWORDS)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inputs.split_kwargs("sageattn", {"softcap": 2.0}, inputs.SAGEATTN_KEYWORDS)  # no second warning
+    with pytest.warns(UserWarning, match="'window'"):
+        inputs.split_kwargs("sageattn", {"window": 1}, inputs.SAGEATTN_KEYWORDS)

@@ -1,0 +1,146 @@
+"""build_matrix.yaml validation: the real file loads; broken files fail naming cell and field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="matrix tests need PyYAML")
+
+from scripts.factory import matrix  # noqa: E402
+from scripts.factory.errors import MatrixError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = {
+    "version": 1,
+    "runners": {"build": {"linux": ["ubuntu-24.04"]}, "validate": {"sm90": ["gpu"]}},
+    "cells": [{"name": "g", "os": "linux", "python": "3.11", "torch": "2.14.1",
+               "cuda": "13.0", "sm": ["sm80"]}],
+}
+
+
+def parse(**group_changes):
+    data = copy.deepcopy(BASE)
+    data["cells"][0].update(group_changes)
+    return matrix.parse_matrix(data)
+
+
+def problems_of(data) -> list[str]:
+    with pytest.raises(MatrixError) as info:
+        matrix.parse_matrix(data)
+    return info.value.problems
+
+
+def test_repository_matrix_has_the_promised_cells():
+    m = matrix.load_matrix(ROOT / "build_matrix.yaml")
+    ids = {c.id for c in m.cells}
+    assert {"linux-cp312-torch2.12-cu130-sm75", "windows-cp312-torch2.12-cu130-sm75",
+            "linux-cp311-torch2.14-cu130-sm80", "linux-cp312-torch2.11-cu130-sm90"} <= ids
+    assert {80, 86, 89, 90, 75} <= set(m.sms())
+    seed = m.cell("linux-cp312-torch2.12-cu130-sm75")
+    assert seed.sm_targets == ["sm75+PTX"]
+    assert str(seed.version()) == "2.2.0+sm75.torch2.12cu130"
+    assert seed.build_runner and seed.validate_runners[75]
+
+
+def test_group_expands_to_the_product_and_keeps_multi_sm_wheels():
+    m = parse(os=["linux", "windows"], python=["3.11", "3.12"], sm=["sm80", ["sm90", "sm80"]])
+    assert len(m.cells) == 8
+    multi = [c for c in m.cells if len(c.targets) == 2]
+    assert len(multi) == 4 and multi[0].id.endswith("-sm80.sm90")
+
+
+def test_unknown_keys_get_a_did_you_mean():
+    data = copy.deepcopy(BASE)
+    data["cells"][0]["pyhton"] = "3.11"
+    data["runers"] = {}
+    found = problems_of(data)
+    assert any("'pyhton'" in p and "did you mean 'python'" in p for p in found)
+    assert any("'runers'" in p and "did you mean 'runners'" in p for p in found)
+
+
+@pytest.mark.parametrize("change, field, words", [
+    ({"cuda": "13.0", "sm": ["sm70"]}, "'sm'", "CUDA 13.0 dropped sm70"),
+    ({"cuda": "12.1", "torch": "2.5.1", "sm": ["sm89"]}, "'cuda'", "needs CUDA >= 12.4"),
+    ({"torch": "2.12.0", "cuda": "12.4"}, "'cuda'", "torch 2.12 has no CUDA 12.4 build"),
+    ({"sm": ["sm100"], "cuda": "13.0"}, "'sm'", "no kernel family serves sm100"),
+    ({"os": "macos"}, "'os'", "not supported"),
+    ({"python": 3.1}, "'python'", "quoted string"),
+    ({"sm": ["sm8O"]}, "'sm'", "not an SM target"),
+])
+def test_impossible_combinations_name_the_cell_and_field(change, field, words):
+    data = copy.deepcopy(BASE)
+    data["cells"][0].update(change)
+    found = problems_of(data)
+    assert any(field in p and words in p for p in found), found
+    assert all(p.startswith("cells[0] (g)") or p.startswith("top level") for p in found)
+
+
+def test_fp8_problem_names_the_family_and_the_cell_id():
+    data = copy.deepcopy(BASE)
+    data["cells"][0].update(torch="2.5.1", cuda="12.1", sm=["sm89"])
+    (problem,) = [p for p in problems_of(data) if "sm89" in p and "family" in p]
+    assert "linux-cp311-torch2.5-cu121-sm89" in problem and "sm89" in problem
+
+
+def test_duplicate_cells_are_refused():
+    data = copy.deepcopy(BASE)
+    data["cells"].append(dict(data["cells"][0], name="again", torch="2.14.0", sm=["sm80+PTX"]))
+    found = problems_of(data)
+    assert any("duplicate cell" in p and "cells[1] (again)" in p and "cells[0]" in p
+               for p in found)
+
+
+def test_every_problem_is_reported_at_once():
+    data = copy.deepcopy(BASE)
+    data["version"] = 2
+    data["cells"][0].update(os="macos", cuda="11.0", sm=["sm90"])
+    assert len(problems_of(data)) >= 2
+
+
+def test_missing_fields_and_bad_top_level():
+    assert any("missing field(s) sm" in p for p in problems_of(
+        {"version": 1, "cells": [{"os": "linux", "python": "3.11", "torch": "2.14.1",
+                                  "cuda": "13.0"}]}))
+    with pytest.raises(MatrixError, match="must be a mapping"):
+        matrix.parse_matrix(["not", "a", "mapping"])
+
+
+def test_check_cli_reports_a_broken_file(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ncells:\n  - os: linux\n    python: '3.11'\n    torch: '2.14.1'\n"
+                   "    cuda: '13.0'\n    sm: [sm80]\n    tarch: x\n")
+    assert matrix.main(["--check", str(bad)]) == MatrixError.exit_code
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "'tarch'" in err and "did you mean 'torch'" in err
+
+
+def test_check_cli_on_invalid_yaml_and_missing_file(tmp_path, capsys):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("version: [1\n")
+    assert matrix.main(["--check", str(bad)]) == MatrixError.exit_code
+    assert "not valid YAML" in capsys.readouterr().err
+    assert matrix.main(["--check", str(tmp_path / "absent.yaml")]) == MatrixError.exit_code
+
+
+def test_json_output_is_what_ci_consumes(capsys):
+    assert matrix.main(["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cell = next(c for c in out["cells"] if c["id"] == "linux-cp311-torch2.14-cu130-sm80")
+    assert cell["version"] == "2.2.0+sm80.torch2.14cu130"
+    assert cell["torch_requirement"] == "torch==2.14.*"
+    assert cell["cxx_std"] == "c++20" and cell["python_tag"] == "cp311"
+
+
+def test_factory_cli_runs_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "scripts.factory", "matrix", "--check",
+                             str(ROOT / "build_matrix.yaml")], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout

@@ -1,0 +1,201 @@
+"""Release notes and charts generated from the stored (synthetic) reports."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import xml.dom.minidom
+from pathlib import Path
+
+import pytest
+
+from scripts.factory import chart, notes
+from scripts.factory import report as reports
+
+FIXTURES = Path(__file__).parent / "fixtures" / "reports"
+STEM90 = "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64"
+STEM75 = "sageattention-2.2.0+sm75.torch2.11cu130-cp312-cp312-linux_x86_64"
+STEMWIN = "sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-win_amd64"
+SECTIONS = ["## What this build is", "## Verified environment", "## Verified validation",
+            "## Performance", "## Numerical accuracy", "## Known SM", "compatibility",
+            "## Wheel"]
+
+
+def note_for(stem: str) -> str:
+    path = FIXTURES / f"{stem}.report.json"
+    return notes.render(reports.load_report(path), path.name)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("notes")
+    assert notes.main([*map(str, sorted(FIXTURES.glob("*.report.json"))),
+                       "--out-dir", str(out)]) == 0
+    return out
+
+
+def test_one_note_and_one_chart_per_report(written):
+    names = sorted(p.name for p in written.iterdir())
+    assert names == sorted([f"{s}{ext}" for s in (STEM90, STEM75, STEMWIN)
+                            for ext in (".md", ".speedup.svg")])
+
+
+@pytest.mark.parametrize("stem", [STEM90, STEM75, STEMWIN])
+def test_note_follows_the_seed_structure(stem):
+    text = note_for(stem)
+    positions = [text.find(s) for s in SECTIONS]
+    assert all(p >= 0 for p in positions), dict(zip(SECTIONS, positions))
+    assert positions == sorted(positions)
+    assert "This is NOT an unmodified upstream SageAttention 2.2 build" in text
+    assert "should NOT be interpreted as equivalent end-to-end application speedups" in text
+    assert f"pip install {stem}.whl" in text
+    assert "nox -s notes" in text and "python -m scripts.factory.notes" in text
+    assert f"]({stem}.speedup.svg)" in text  # the chart is linked from the note
+
+
+def test_title_names_sm_architecture_torch_cuda_and_os():
+    assert "# SageAttention 2.2.0 SM90/Hopper — Torch 2.11 + CUDA 13.0 — Linux" in note_for(STEM90)
+    assert "# SageAttention 2.2.0 SM75/Turing — Torch 2.12 + CUDA 13.0 — Windows" in \
+        note_for(STEMWIN)
+
+
+def test_every_check_is_listed_with_its_result_and_backend():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    text = note_for(STEM90)
+    for check in doc["checks"]:
+        line = f"- {check['name']}: {check['status'].upper()}"
+        assert line in text, line
+    assert "- FP16: PASS (cuda-sm89-fp8)" in text
+    assert "- Two-GPU alternating-device testing: SKIP: needs two GPUs" in text
+    assert "| Boolean attention masks | PASS | sdpa | 0.999900 | 0.0100 | 0.002 |" in text
+
+
+def test_ptx_jit_is_named_as_such_and_never_as_turing_hardware():
+    text = note_for(STEM75)
+    assert ("by running the compute_75 PTX through the driver's JIT; this checks the Turing "
+            "code path, not Turing hardware") in text
+    assert "NOT verified on SM75/Turing hardware" in text
+    assert "say nothing about speed on the architecture the wheel targets" in text
+    assert "Execution: native" not in text
+    assert "Tesla T4" not in text and "validated on Turing hardware" not in text.lower()
+
+
+def test_a_failed_check_is_stated_plainly():
+    text = note_for(STEM75)
+    assert "- CUDA graph capture: FAIL (cuda-sm75-fp16): FIXTURE: capture raised an error" in text
+    assert "**Not verified: 1 check(s) FAILED** — CUDA graph capture." in text
+    assert "All checks that ran passed" not in text
+    assert "All checks that ran passed" in note_for(STEM90)
+
+
+def test_limitations_come_from_the_family_table():
+    sm75 = note_for(STEM75)
+    assert "Native FP8 attention (INT8 QK + FP8 PV) is not supported on SM75" in sm75
+    assert '`qk_quant_gran="per_thread"` is not supported by the native SM75 path' in sm75
+    assert "The Triton backend needs compute capability 8.0 or newer; it does not run on SM75" \
+        in sm75
+    sm90 = note_for(STEM90)
+    assert "FP8 attention" not in sm90.split("## Known SM90 limitations")[1].split("##")[0]
+    assert "per_thread" not in sm90.split("## Known SM90 limitations")[1].split("##")[0]
+
+
+def test_windows_note_states_only_its_own_windows_run():
+    text = note_for(STEMWIN)
+    assert "## Verified environment (Windows)" in text and "## Windows compatibility" in text
+    assert "these results come from its own run on Windows. Linux results do not apply" in text
+    assert "Verified environment (Linux)" not in text and "Linux x86" not in text
+    linux = json.loads((FIXTURES / f"{STEM90}.report.json").read_text())
+    # the Linux run's GPU and driver never appear in the Windows note
+    assert linux["environment"]["gpu_name"] not in text
+    assert "Do NOT install this wheel on Windows" in note_for(STEM90)
+
+
+def test_a_windows_wheel_with_a_linux_run_gets_no_note(tmp_path, capsys):
+    doc = json.loads((FIXTURES / f"{STEMWIN}.report.json").read_text())
+    doc["environment"]["os"] = "Linux"
+    path = tmp_path / f"{STEMWIN}.report.json"
+    path.write_text(json.dumps(doc))
+    assert notes.main([str(path)]) == 2
+    assert "is for Windows, but the run was on Linux" in capsys.readouterr().err
+    assert not (tmp_path / f"{STEMWIN}.md").exists()
+
+
+def test_a_report_under_another_wheels_name_is_refused(tmp_path, capsys):
+    path = tmp_path / f"{STEM75}.report.json"
+    path.write_text((FIXTURES / f"{STEM90}.report.json").read_text())
+    assert notes.main([str(path)]) == 2
+    assert "must be named" in capsys.readouterr().err
+
+
+def test_performance_figures_come_from_the_report():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    text = note_for(STEM90)
+    geo = doc["performance"]["geomean_speedup_vs_sdpa"]
+    assert f"geometric-mean speed-up: {geo:.2f}x" in text
+    speeds = [c["speedup_vs_sdpa"] for c in doc["performance"]["cases"]]
+    assert f"{min(speeds):.2f}x to {max(speeds):.2f}x speed-up over SDPA across 20 cases" in text
+    rows = [line for line in text.splitlines() if line.startswith("| fp16 ") or
+            line.startswith("| bf16 ")]
+    assert len(rows) == 20
+
+
+def test_chart_is_valid_svg_with_one_bar_per_case(written):
+    svg = (written / f"{STEM90}.speedup.svg").read_text()
+    dom = xml.dom.minidom.parseString(svg)
+    bars = [r for r in dom.getElementsByTagName("rect") if r.getAttribute("fill") != "white"]
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    assert len(bars) == len(doc["performance"]["cases"]) == 20
+    widths = [float(b.getAttribute("width")) for b in bars]
+    speeds = [c["speedup_vs_sdpa"] for c in doc["performance"]["cases"]]
+    # bar length is proportional to the speed-up
+    ratios = {round(w / s, 3) for w, s in zip(widths, speeds)}
+    assert max(ratios) - min(ratios) < 0.2
+    assert "regenerate with 'nox -s notes'" in svg
+    assert f"{STEM90}.report.json" in svg
+
+
+def test_chart_marks_cases_that_did_not_run():
+    doc = reports.load_report(FIXTURES / f"{STEM75}.report.json")
+    doc["performance"]["cases"][0]["speedup_vs_sdpa"] = None
+    doc["performance"]["cases"][0]["error"] = "forced cuda-sm75-fp16 but sdpa ran"
+    svg = chart.speedup_svg(doc, "x.report.json")
+    assert "not measured: forced cuda-sm75-fp16 but sdpa ran" in svg
+    assert "(PTX JIT)" in svg
+
+
+def test_check_mode_detects_stale_notes(tmp_path):
+    src = FIXTURES / f"{STEM90}.report.json"
+    report = tmp_path / src.name
+    report.write_text(src.read_text())
+    assert notes.main([str(report), "--check"]) == 1  # nothing generated yet
+    assert notes.main([str(report)]) == 0
+    assert notes.main([str(report), "--check"]) == 0
+    note = tmp_path / f"{STEM90}.md"
+    note.write_text(note.read_text() + "hand edit\n")
+    assert notes.main([str(report), "--check"]) == 1
+
+
+def test_no_reports_is_nothing_to_do(tmp_path, capsys):
+    assert notes.main(["--dir", str(tmp_path)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_stored_fixtures_match_their_generator():
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        import make_report_fixtures as gen
+    finally:
+        sys.path.remove(str(FIXTURES))
+    for name, text in gen.render_all().items():
+        assert (FIXTURES / name).read_text() == text, f"{name}: rerun make_report_fixtures.py"
+    stored = {p.name for p in FIXTURES.glob("*.report.json")}
+    assert stored == set(gen.render_all())
+
+
+def test_notes_cli_help():
+    res = subprocess.run([sys.executable, "-m", "scripts.factory.notes", "--help"],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert res.returncode == 0 and "--check" in res.stdout
+    assert re.search(r"<stem>\.md", res.stdout)

@@ -1,0 +1,361 @@
+"""scripts/pick_wheel.py: choosing the one wheel for synthetic machines, and its CLI contract."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PICKER = ROOT / "scripts" / "pick_wheel.py"
+
+_spec = importlib.util.spec_from_file_location("pick_wheel", PICKER)
+pick_wheel = importlib.util.module_from_spec(_spec)
+sys.modules["pick_wheel"] = pick_wheel
+_spec.loader.exec_module(pick_wheel)
+
+LINUX = "manylinux_2_28_x86_64"
+WIN = "win_amd64"
+
+
+def _wheel(
+    label: str, py: str, plat: str, targets: list[str], torch: str, cuda: str = "13.0"
+) -> dict:
+    filename = f"sageattention-2.2.0+{label}-{py}-{py}-{plat}.whl"
+    gpu_targets = []
+    for t in targets:
+        ptx = t.endswith("+PTX")
+        digits = t[2:].removesuffix("+PTX")
+        gpu_targets.append(
+            {
+                "name": t,
+                "cc": f"{digits[:-1]}.{digits[-1]}",
+                "sass": True,
+                "ptx": ptx,
+                "arch_specific": False,
+            }
+        )
+    return {
+        "filename": filename,
+        "url": filename,
+        "sha256": "0" * 64,
+        "version": f"2.2.0+{label}",
+        "local_label": label,
+        "tags": [f"{py}-{py}-{plat}"],
+        "torch": torch,
+        "cuda": cuda,
+        "gpu_targets": gpu_targets,
+        "index": f"simple/{label}/",
+        "validation": {
+            "gpu_name": "Synthetic",
+            "compute_capability": "9.0",
+            "execution": "native",
+            "checks_passed": 3,
+        },
+    }
+
+
+WHEELS = {
+    "t4_linux": _wheel("sm75.torch2.12cu130", "cp312", LINUX, ["sm75+PTX"], "2.12.0"),
+    "t4_win": _wheel("sm75.torch2.12cu130", "cp312", WIN, ["sm75+PTX"], "2.12.0"),
+    "ampere": _wheel("sm80.torch2.12cu130", "cp312", LINUX, ["sm80", "sm86"], "2.12.0"),
+    "ada": _wheel("sm89.torch2.12cu130", "cp312", LINUX, ["sm89"], "2.12.0"),
+    "hopper_212": _wheel("sm90.torch2.12cu130", "cp312", LINUX, ["sm90"], "2.12.0"),
+    "hopper_214_311": _wheel("sm90.torch2.14cu130", "cp311", LINUX, ["sm90"], "2.14.1"),
+    "hopper_214_312": _wheel("sm90.torch2.14cu130", "cp312", LINUX, ["sm90"], "2.14.1"),
+}
+MANIFEST = {
+    "schema_version": 1,
+    "project": "sageattention",
+    "version": "2.2.0",
+    "index": {"url": "https://example.invalid/simple/"},
+    "wheels": list(WHEELS.values()),
+}
+
+
+def machine(
+    os="linux",
+    arch="x86_64",
+    python="3.12",
+    glibc="2.35",
+    torch="2.12.0+cu130",
+    torch_cuda="13.0",
+    gpus=(("Tesla T4", "7.5"),),
+):
+    data = {
+        "os": os,
+        "arch": arch,
+        "python": python,
+        "torch": torch,
+        "torch_cuda": torch_cuda,
+        "gpus": [{"name": n, "compute_capability": cc} for n, cc in gpus],
+    }
+    if glibc:
+        data["glibc"] = glibc
+    return data
+
+
+FITS = [
+    # (case, machine, expected wheel key, words in how it runs)
+    ("turing linux", machine(), "t4_linux", "native sm75"),
+    ("turing windows", machine(os="windows", arch="AMD64", glibc=None), "t4_win", "native sm75"),
+    (
+        "ampere 8.6 gets its exact SASS",
+        machine(gpus=[("RTX 3090", "8.6")]),
+        "ampere",
+        "native sm86",
+    ),
+    ("ampere 8.7 runs sm86 SASS", machine(gpus=[("Orin", "8.7")]), "ampere", "native sm86"),
+    (
+        "ada prefers sm89 over sm86 and PTX",
+        machine(gpus=[("RTX 4090", "8.9")]),
+        "ada",
+        "native sm89",
+    ),
+    ("hopper torch 2.12", machine(gpus=[("H100", "9.0")]), "hopper_212", "native sm90"),
+    (
+        "hopper cp311 torch 2.14",
+        machine(python="3.11", torch="2.14.1+cu130", gpus=[("H200", "9.0")]),
+        "hopper_214_311",
+        "native sm90",
+    ),
+    ("blackwell only via PTX", machine(gpus=[("RTX 5090", "12.0")]), "t4_linux", "PTX"),
+    (
+        "two GPUs need one wheel for both",
+        machine(gpus=[("Tesla T4", "7.5"), ("RTX 4090", "8.9")]),
+        "t4_linux",
+        "GPU 1: sm75+PTX PTX",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,env,expected,runs", FITS, ids=[c[0] for c in FITS])
+def test_picks_the_right_wheel(case, env, expected, runs):
+    verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(env))
+    assert verdict.reason is None, verdict.reason
+    assert verdict.wheel["filename"] == WHEELS[expected]["filename"]
+    assert runs in verdict.execution
+
+
+NONE_FITS = [
+    ("no GPU", machine(gpus=[]), "no NVIDIA GPU found", "t4_linux"),
+    (
+        "unsupported GPU (Pascal)",
+        machine(gpus=[("Tesla P100", "6.0")]),
+        "Tesla P100 (compute capability 6.0) is not supported",
+        "ampere",
+    ),
+    (
+        "torch with no wheel",
+        machine(torch="2.13.0+cu130"),
+        "your torch is 2.13; wheels for linux/cp312 exist for torch 2.12 and 2.14",
+        "hopper_214_312",
+    ),
+    ("CPU-only torch", machine(torch="2.12.0+cpu", torch_cuda=None), "CPU-only build", "t4_linux"),
+    (
+        "torch built with another CUDA",
+        machine(torch="2.12.0+cu128", torch_cuda="12.8"),
+        "built with CUDA 12.8; the wheels for it need a torch built with CUDA 13.0",
+        "t4_linux",
+    ),
+    (
+        "torch not installed",
+        machine(torch=None, torch_cuda=None),
+        "torch is not installed",
+        "t4_linux",
+    ),
+    (
+        "python without wheels on windows",
+        machine(os="windows", arch="amd64", python="3.11", glibc=None),
+        "no wheel for CPython 3.11 on windows; wheels exist for cp312",
+        "t4_win",
+    ),
+    ("linux arm64", machine(arch="aarch64"), "no wheel for linux aarch64", "t4_linux"),
+    (
+        "glibc too old for manylinux_2_28",
+        machine(glibc="2.17"),
+        "no wheel for linux x86_64 (glibc 2.17)",
+        "t4_linux",
+    ),
+    (
+        "macOS",
+        machine(os="macos", arch="arm64", glibc=None),
+        "wheels exist for: manylinux_2_28_x86_64, win_amd64",
+        "t4_win",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,env,words,near", NONE_FITS, ids=[c[0] for c in NONE_FITS])
+def test_none_fits_says_why_and_lists_nearest(case, env, words, near):
+    verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(env))
+    assert verdict.wheel is None
+    assert words in verdict.reason
+    assert WHEELS[near]["filename"] in [w["filename"] for w in verdict.nearest]
+
+
+def test_windows_machine_never_gets_a_linux_wheel_and_back():
+    for env, banned in (
+        (machine(os="windows", arch="amd64", glibc=None), "linux"),
+        (machine(), "win_amd64"),
+    ):
+        verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(env))
+        assert banned not in verdict.wheel["filename"]
+
+
+def test_arch_specific_target_runs_only_on_that_gpu():
+    w = _wheel("sm90a.torch2.12cu130", "cp312", LINUX, ["sm90"], "2.12.0")
+    w["gpu_targets"][0]["arch_specific"] = True
+    assert pick_wheel.gpu_execution(w, (9, 0))[1].startswith("native")
+    assert pick_wheel.gpu_execution(w, (9, 1)) is None
+
+
+def test_manylinux_legacy_and_abi3_tags():
+    m = pick_wheel.machine_from_json(machine(glibc="2.17"))
+    assert pick_wheel.platform_fits("manylinux2014_x86_64", m)
+    assert not pick_wheel.platform_fits("manylinux_2_28_x86_64", m)
+    assert pick_wheel.python_fits("cp39", "abi3", m)
+    assert not pick_wheel.python_fits("cp313", "abi3", m)
+    assert not pick_wheel.python_fits("cp312", "cp312t", m)
+    free = pick_wheel.machine_from_json({**machine(), "free_threaded": True})
+    assert pick_wheel.python_fits("cp312", "cp312t", free)
+    assert not pick_wheel.python_fits("cp312", "cp312", free)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _run(
+    tmp_path: Path, manifest, env, *extra: str, python_flags=()
+) -> subprocess.CompletedProcess:
+    mpath = tmp_path / "manifest.json"
+    mpath.write_text(manifest if isinstance(manifest, str) else json.dumps(manifest))
+    epath = tmp_path / "env.json"
+    epath.write_text(env if isinstance(env, str) else json.dumps(env))
+    return subprocess.run(
+        [
+            sys.executable,
+            *python_flags,
+            str(PICKER),
+            "--manifest",
+            str(mpath),
+            "--env-json",
+            str(epath),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_found_prints_wheel_and_pip_uv_index_commands(tmp_path):
+    # -S -I: no site-packages at all, which proves the picker needs only the standard library.
+    res = _run(tmp_path, MANIFEST, machine(), python_flags=("-S", "-I"))
+    assert res.returncode == pick_wheel.EXIT_FOUND, res.stderr
+    name = WHEELS["t4_linux"]["filename"]
+    assert name in res.stdout
+    wheel_path = str(tmp_path / name)
+    assert f'python -m pip install "{wheel_path}"' in res.stdout
+    assert f'uv pip install "{wheel_path}"' in res.stdout
+    assert (
+        "--index-url https://example.invalid/simple/sm75.torch2.12cu130/ "
+        '"sageattention==2.2.0+sm75.torch2.12cu130"'
+    ) in res.stdout
+
+
+def test_cli_json_and_none_fits_exit_code(tmp_path):
+    res = _run(tmp_path, MANIFEST, machine(torch="2.13.0+cu130"), "--json")
+    assert res.returncode == pick_wheel.EXIT_NONE_FITS
+    out = json.loads(res.stdout)
+    assert out["status"] == "none-fits"
+    assert "2.12 and 2.14" in out["reason"]
+    assert out["wheel"] is None and out["nearest"]
+
+
+@pytest.mark.parametrize(
+    "manifest,env,message",
+    [
+        ("{not json", machine(), "is not JSON"),
+        ({**MANIFEST, "schema_version": 99}, machine(), "schema_version 99 is not supported"),
+        ({**MANIFEST, "wheels": [{"filename": "x.whl"}]}, machine(), "wheels[0] lacks"),
+        (MANIFEST, {"os": "linux"}, "missing 'arch'"),
+        (MANIFEST, {**machine(), "gpu": []}, "unknown field(s) ['gpu']"),
+        (MANIFEST, machine(os="solaris"), "expected linux, windows or macos"),
+    ],
+    ids=["not-json", "schema", "wheel-fields", "env-missing", "env-unknown", "env-os"],
+)
+def test_cli_bad_input_exit_code(tmp_path, manifest, env, message):
+    res = _run(tmp_path, manifest, env)
+    assert res.returncode == pick_wheel.EXIT_BAD_INPUT
+    assert message in res.stderr
+
+
+def test_cli_missing_manifest_is_bad_input(tmp_path):
+    res = subprocess.run(
+        [sys.executable, str(PICKER), "--manifest", str(tmp_path / "nope.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == pick_wheel.EXIT_BAD_INPUT
+    assert "cannot read manifest" in res.stderr
+
+
+def test_manifest_from_file_url_resolves_relative_wheel_url(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(MANIFEST))
+    manifest, base = pick_wheel.load_manifest((tmp_path / "manifest.json").as_uri())
+    cmds = pick_wheel.install_commands(manifest, base, WHEELS["ada"])
+    assert str(tmp_path / WHEELS["ada"]["filename"]) in cmds["pip"]
+
+
+def test_https_manifest_gives_https_wheel_url():
+    base = "https://github.com/o/r/releases/download/v2.2.0/manifest.json"
+    cmds = pick_wheel.install_commands({"index": {}}, base, WHEELS["ada"])
+    assert cmds["pip"] == (
+        'python -m pip install "https://github.com/o/r/releases/download/v2.2.0/'
+        'sageattention-2.2.0%2Bsm89.torch2.12cu130-cp312-cp312-manylinux_2_28_x86_64.whl"'
+    )
+    assert "pip_index" not in cmds  # no hosted index named in the manifest
+
+
+def test_detect_this_machine_without_torch():
+    m = pick_wheel.detect_machine(use_torch=False)
+    assert m.python == sys.version_info[:2]
+    assert m.os in ("linux", "windows", "macos")
+    assert m.torch is None
+
+
+def test_help_mentions_exit_codes():
+    res = subprocess.run(
+        [sys.executable, str(PICKER), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0
+    assert "exit codes" in res.stdout and "--env-json" in res.stdout
+
+
+def test_manifest_over_http_gives_http_wheel_url(tmp_path):
+    """A manifest URL (here a local HTTP server) makes the wheel URL relative to it."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "manifest.json").write_text(json.dumps(MANIFEST))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/manifest.json"
+        manifest, base = pick_wheel.load_manifest(url)
+        with pytest.raises(pick_wheel.BadInput, match="cannot read manifest"):
+            pick_wheel.load_manifest(url.replace("manifest.json", "missing.json"))
+    finally:
+        server.shutdown()
+        thread.join()
+    cmds = pick_wheel.install_commands(manifest, base, WHEELS["ada"])
+    assert cmds["pip"].startswith(f'python -m pip install "http://127.0.0.1:{server.server_port}/')

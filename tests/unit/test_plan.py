@@ -1,0 +1,191 @@
+"""Build planning, gencode flags, source-build resolution and the kernel object cache."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.factory import arch, kernels, plan, source_build
+from scripts.factory.errors import BuildError, ToolchainError
+from scripts.factory.host import Host, Interpreter
+from scripts.factory.model import Cell, Target
+
+FAMILIES = arch.load_families()
+PY311 = Interpreter("/usr/bin/python3.11", "3.11", "2.14.1+cu130", "13.0")
+
+
+def cell(**kw) -> Cell:
+    fields = dict(os="linux", python="3.11", torch="2.14.1", cuda="13.0", targets=(Target(80),),
+                  build_runner=("ubuntu-24.04",))
+    fields.update(kw)
+    return Cell(**fields)
+
+
+def host(**kw) -> Host:
+    fields = dict(os="linux", interpreters={"3.11": (PY311,)}, nvcc="13.0.88",
+                  has_repair_tool=True)
+    fields.update(kw)
+    return Host(**fields)
+
+
+def test_buildable_cell_reuses_a_fitting_interpreter_and_lists_steps():
+    p = plan.plan_cell(cell(), host())
+    assert p.build and p.venv is None and p.interpreter is PY311
+    text = "\n".join(p.steps)
+    assert "-gencode=arch=compute_80,code=sm_80" in text
+    assert "2.2.0+sm80.torch2.14cu130" in text and "torch==2.14.*" in text
+    assert "auditwheel" in text
+
+
+def test_skip_reasons_say_why():
+    other_os = plan.plan_cell(cell(os="windows", build_runner=("windows-2022",)), host())
+    assert not other_os.build and "windows" in other_os.reason and "windows-2022" in other_os.reason
+    no_python = plan.plan_cell(cell(python="3.12"), host())
+    assert not no_python.build and "no Python 3.12 interpreter" in no_python.reason
+    no_nvcc = plan.plan_cell(cell(), host(nvcc=None))
+    assert "nvcc not found" in no_nvcc.reason and "CUDA_HOME" in no_nvcc.reason
+    old_nvcc = plan.plan_cell(cell(), host(nvcc="12.8.1"))
+    assert "major versions differ" in old_nvcc.reason
+    no_tool = plan.plan_cell(cell(), host(has_repair_tool=False))
+    assert "auditwheel is not installed" in no_tool.reason
+    assert plan.plan_cell(cell(), host(has_repair_tool=False), repair_wheels=False).build
+
+
+def test_other_torch_gets_its_own_venv():
+    p = plan.plan_cell(cell(torch="2.12.0"), host())
+    assert p.build and p.venv is not None and p.venv.name == "linux-cp311-torch2.12-cu130-sm80"
+    assert "pip install torch==2.12.0" in p.steps[0]
+
+
+def test_format_plan_counts_and_lists_every_cell():
+    plans = plan.plan_cells([cell(), cell(python="3.12")], host())
+    text = plan.format_plan(plans, "sm80")
+    assert text.splitlines()[0] == "plan: sm80: 1 to build, 1 skipped"
+    assert "BUILD linux-cp311-torch2.14-cu130-sm80" in text
+    assert "SKIP  linux-cp312-torch2.14-cu130-sm80: no Python 3.12" in text
+
+
+def test_family_gencode_follows_families_json():
+    (sm75,) = arch.family_builds([(75, True)], FAMILIES)
+    assert sm75.family.name == "sm75"
+    assert sm75.gencode_flags() == ["-gencode=arch=compute_75,code=sm_75",
+                                    "-gencode=arch=compute_75,code=compute_75"]
+    builds = {b.family.name: b for b in arch.family_builds([(90, False)], FAMILIES)}
+    assert set(builds) == {"sm80", "sm89"}
+    assert builds["sm80"].gencode_flags() == ["-gencode=arch=compute_90,code=sm_90"]  # not 90a
+    multi = {b.family.name: b for b in arch.family_builds([(80, False), (89, True)], FAMILIES)}
+    assert multi["sm80"].sass == (80, 89) and multi["sm80"].ptx == (89,)
+    assert multi["sm89"].sass == (89,)
+
+
+def test_toolchain_check_names_the_problem():
+    builds = arch.family_builds([(89, False)], FAMILIES)
+    with pytest.raises(ToolchainError, match="does not match the cell's CUDA 13.0"):
+        arch.check_toolchain(arch.Version("12.8"), "13.0", builds)
+    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.4"):
+        arch.check_toolchain(arch.Version("12.1"), "12.1", builds)
+    arch.check_toolchain(arch.Version("13.0.88"), "13.0", builds)
+
+
+def test_cxx_standard_is_a_property_of_the_torch_version():
+    assert cell(torch="2.14.1").cxx_std == "c++20"
+    assert cell(torch="2.13.0").cxx_std == "c++20"
+    assert cell(torch="2.11.0").cxx_std == "c++17"
+
+
+def _facts(version="2.14.1+cu130", cuda="13.0", caps=()):
+    return lambda: source_build.TorchFacts(version, cuda, caps)
+
+
+def _resolve(env, **kw):
+    return source_build.resolve(env, torch_facts=kw.get("facts", _facts()),
+                                find_nvcc=lambda e: kw.get("nvcc", Path("/fake/nvcc")),
+                                nvcc_identity=lambda p: "release 13.0, V13.0.88")
+
+
+def test_source_build_targets_from_env_and_gpu(monkeypatch):
+    monkeypatch.setattr(arch, "nvcc_version", lambda p: arch.Version("13.0.88"))
+    cfg = _resolve({"SAGEATTENTION_SM_TARGETS": "sm90;sm80"})
+    assert cfg.version == "2.2.0+sm80.sm90.torch2.14cu130"
+    assert cfg.torch_requirement == "torch==2.14.*" and cfg.cxx_std == "c++20"
+    assert [b.family.name for b in cfg.builds] == ["sm80", "sm89"]
+    assert _resolve({"TORCH_CUDA_ARCH_LIST": "7.5+PTX"}).targets == (Target(75, True),)
+    gpu = _resolve({}, facts=_facts(caps=((8, 6),)))
+    assert gpu.targets == (Target(86),) and gpu.targets_from == "the visible GPU(s)"
+
+
+def test_source_build_failures_say_what_to_set(monkeypatch):
+    monkeypatch.setattr(arch, "nvcc_version", lambda p: arch.Version("13.0.88"))
+    with pytest.raises(ToolchainError, match="SAGEATTENTION_SM_TARGETS is not set"):
+        _resolve({})
+    with pytest.raises(ToolchainError, match="CPU-only build"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm80"}, facts=_facts("2.13.0+cpu", None))
+    with pytest.raises(ToolchainError, match="nvcc not found.*CUDA_HOME"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm80"}, nvcc=None)
+    with pytest.raises(ToolchainError, match="no kernel family serves sm100"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm100"})
+    with pytest.raises(ToolchainError, match="SAGEATTENTION_CELL=linux-cp312"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm80",
+                  "SAGEATTENTION_CELL": "linux-cp312-torch2.11-cu130-sm80"})
+    here = f"linux-cp{sys.version_info.major}{sys.version_info.minor}-torch2.14-cu130-sm80"
+    assert _resolve({"SAGEATTENTION_SM_TARGETS": "sm80",
+                     "SAGEATTENTION_CELL": here}).cell_id == here
+
+
+def test_jobs_setting():
+    assert kernels.jobs_from_env({"MAX_JOBS": "3"}) == 3
+    assert kernels.jobs_from_env({}) >= 1
+    with pytest.raises(BuildError, match="MAX_JOBS"):
+        kernels.jobs_from_env({"MAX_JOBS": "many"})
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvcc is a shell script")
+def test_kernel_objects_are_cached_and_invalidated(tmp_path):
+    root = tmp_path / "src"
+    (root / "csrc" / "common").mkdir(parents=True)
+    (root / "csrc" / "fam").mkdir()
+    (root / "csrc" / "common" / "x.cuh").write_text("// v1\n")
+    (root / "csrc" / "fam" / "a.cu").write_text("// a\n")
+    (root / "csrc" / "fam" / "b.cu").write_text("// b\n")
+    calls = tmp_path / "calls"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                    'while [ "$1" != "-o" ]; do shift; done; echo obj > "$2"\n')
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    fam = arch.Family("fam", "pkg._fam", "csrc/fam", (80,), "11.0", None)
+    build = arch.FamilyBuild(fam, (80,), ())
+    logs: list[str] = []
+
+    def run(b=build):
+        return kernels.compile_family(b, nvcc=nvcc, nvcc_id="nvcc 13.0", jobs=2,
+                                      cache_dir=tmp_path / "cache", root=root, log=logs.append)
+
+    first = run()
+    assert [o.cached for o in first] == [False, False] and all(o.path.is_file() for o in first)
+    assert calls.read_text().count("-gencode=arch=compute_80,code=sm_80") == 2
+    assert [o.cached for o in run()] == [True, True]            # warm: nothing compiled
+    (root / "csrc" / "common" / "x.cuh").write_text("// v2\n")   # a shared header changed
+    assert [o.cached for o in run()] == [False, False]
+    other = arch.FamilyBuild(fam, (80, 90), ())                 # other gencode, other objects
+    assert [o.cached for o in run(other)] == [False, False]
+    assert any("2/2" in line and "elapsed" in line for line in logs)
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def test_failed_compile_names_the_source(tmp_path):
+    root = tmp_path
+    (root / "csrc" / "common").mkdir(parents=True)
+    (root / "csrc" / "fam").mkdir()
+    (root / "csrc" / "fam" / "bad.cu").write_text("x\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'bad.cu(1): error: boom' >&2\nexit 2\n")
+    nvcc.chmod(0o755)
+    fam = arch.Family("fam", "pkg._fam", "csrc/fam", (80,), "11.0", None)
+    with pytest.raises(BuildError, match=r"nvcc failed on csrc/fam/bad.cu \(exit 2\)"):
+        kernels.compile_family(arch.FamilyBuild(fam, (80,), ()), nvcc=nvcc, nvcc_id="x",
+                               jobs=1, cache_dir=tmp_path / "c", root=root, log=lambda s: None)
+    assert os.listdir(tmp_path / "c" / "fam") == []

@@ -1,0 +1,501 @@
+"""Release assembly (scripts/factory/release.py) and the PEP 503 index (scripts/factory/index.py).
+
+Driven by the stored fixtures in tests/unit/fixtures/release/ (one passing wheel, one failing, one
+whose report's sha256 does not match, one never validated) and by wheels built in tmp_path.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.tags import sys_tags
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "release"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(FIXTURES))
+
+import release_fixtures as fx  # noqa: E402
+
+from scripts.factory import index, release  # noqa: E402
+
+
+def run_release(tmp_path: Path, *extra: str, wheels=None, reports=None) -> tuple[int, Path]:
+    out = tmp_path / "release"
+    rc = release.main(
+        [
+            "--wheels",
+            str(wheels or FIXTURES / "wheelhouse"),
+            "--reports",
+            str(reports or FIXTURES / "release_notes"),
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+    return rc, out
+
+
+def test_stored_fixtures_are_reproducible(tmp_path):
+    fx.generate(tmp_path)
+    for sub in ("wheelhouse", "release_notes"):
+        stored = sorted(p.name for p in (FIXTURES / sub).iterdir())
+        assert stored == sorted(p.name for p in (tmp_path / sub).iterdir())
+        match, mismatch, errors = filecmp.cmpfiles(
+            FIXTURES / sub, tmp_path / sub, stored, shallow=False
+        )
+        assert not mismatch and not errors, (
+            f"regenerate with release_fixtures.py: {mismatch + errors}"
+        )
+
+
+def test_only_the_passing_wheel_is_published(tmp_path, capsys):
+    rc, out = run_release(tmp_path)
+    printed = capsys.readouterr().out
+    assert rc == release.EXIT_REFUSED
+    stem = fx.PASSING[: -len(".whl")]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            fx.PASSING,
+            f"{stem}.md",
+            f"{stem}.report.json",
+            "manifest.json",
+            "SHA256SUMS",
+            "RELEASE_BODY.md",
+            "simple",
+        ]
+    )
+    assert f"accepted  {fx.PASSING}" in printed
+    for name in (fx.FAILING, fx.SHA_MISMATCH, fx.UNVALIDATED):
+        assert f"REFUSED   {name}" in printed
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [w["filename"] for w in manifest["wheels"]] == [fx.PASSING]
+    refused = {r["filename"]: " ".join(r["reasons"]) for r in manifest["refused"]}
+    assert "2 check(s) failed (causal, gqa)" in refused[fx.FAILING]
+    assert "differs from the report's" in refused[fx.SHA_MISMATCH]
+    assert "no validation report" in refused[fx.UNVALIDATED]
+
+
+def test_manifest_entry_fields(tmp_path):
+    _, out = run_release(tmp_path)
+    (entry,) = json.loads((out / "manifest.json").read_text())["wheels"]
+    wheel = out / fx.PASSING
+    assert entry["sha256"] == hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert entry["size"] == wheel.stat().st_size
+    assert entry["version"] == "2.2.0+sm90.torch2.14cu130"
+    assert entry["local_label"] == "sm90.torch2.14cu130"
+    assert entry["cell"] == "fixture-sm90.torch2.14cu130-cp311-manylinux_2_28_x86_64"
+    assert entry["tags"] == ["cp311-cp311-manylinux_2_28_x86_64"]
+    assert entry["torch"] == "2.14.1" and entry["torch_requirement"] == "==2.14.*"
+    assert entry["cuda"] == "13.0"
+    assert entry["gpu_targets"] == [
+        {"name": "sm90", "cc": "9.0", "sass": True, "ptx": False, "arch_specific": False}
+    ]
+    assert entry["execution"] == "native"
+    v = entry["validation"]
+    assert (v["checks_passed"], v["checks_failed"], v["checks_skipped"]) == (7, 0, 1)
+    assert v["compute_capability"] == "9.0" and v["gpu_name"] == fx.FIXTURE_GPU
+    assert (out / entry["note"]).is_file() and (out / entry["report"]).is_file()
+    assert (out / entry["index"] / "sageattention" / "index.html").is_file()
+
+
+def test_sha256sums_cover_every_published_file(tmp_path):
+    _, out = run_release(tmp_path)
+    lines = (out / "SHA256SUMS").read_text().splitlines()
+    listed = {}
+    for line in lines:
+        digest, name = re.fullmatch(r"([0-9a-f]{64})  (\S+)", line).groups()
+        listed[name] = digest
+    files = {p.name for p in out.iterdir() if p.is_file()} - {"SHA256SUMS", "RELEASE_BODY.md"}
+    assert set(listed) == files
+    for name, digest in listed.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+
+
+def test_index_page_links_the_wheel_with_its_hash(tmp_path):
+    _, out = run_release(tmp_path)
+    variants = sorted(p.name for p in (out / "simple").iterdir() if p.is_dir())
+    assert variants == ["sm90.torch2.14cu130"]
+    page = (out / "simple" / "sm90.torch2.14cu130" / "sageattention" / "index.html").read_text()
+    links = re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', page)
+    digest = hashlib.sha256((out / fx.PASSING).read_bytes()).hexdigest()
+    assert links == [
+        (
+            f"../../../sageattention-2.2.0%2Bsm90.torch2.14cu130-cp311-cp311-manylinux_2_28_x86_64.whl"
+            f"#sha256={digest}",
+            fx.PASSING,
+        )
+    ]
+    assert 'data-requires-python="&gt;=3.9"' in page
+    root_page = (out / "simple" / "sm90.torch2.14cu130" / "index.html").read_text()
+    assert '<a href="sageattention/">sageattention</a>' in root_page
+
+
+def test_release_body_gathers_notes_and_refusals(tmp_path):
+    _, out = run_release(tmp_path)
+    body = (out / "RELEASE_BODY.md").read_text()
+    assert body.startswith("# sageattention 2.2.0\n")
+    assert f"## {fx.PASSING}" in body and f"Fixture notes for `{fx.PASSING}`" in body
+    assert "## Not published" in body and fx.SHA_MISMATCH in body
+    assert f"## {fx.FAILING}" not in body
+
+
+def test_allow_partial_exits_zero(tmp_path):
+    rc, out = run_release(tmp_path, "--allow-partial")
+    assert rc == release.EXIT_OK and (out / "manifest.json").is_file()
+
+
+def test_nothing_accepted_writes_nothing(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    shutil.copy(FIXTURES / "wheelhouse" / fx.FAILING, wheels)
+    rc, out = run_release(tmp_path, wheels=wheels)
+    assert rc == release.EXIT_NOTHING
+    assert not out.exists()
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_release(tmp_path, capsys):
+    out = tmp_path / "release"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    rc, _ = run_release(tmp_path)
+    assert rc == release.EXIT_USAGE
+    assert (out / "precious.txt").read_text() == "keep me"
+    assert "holds no previous release" in capsys.readouterr().err
+
+
+def test_rerun_replaces_previous_release(tmp_path):
+    run_release(tmp_path)
+    (tmp_path / "release" / "stale.whl").write_text("old")
+    rc, out = run_release(tmp_path, "--allow-partial")
+    assert rc == 0 and not (out / "stale.whl").exists()
+
+
+def test_missing_inputs_are_usage_errors(tmp_path, capsys):
+    assert (
+        release.main(["--wheels", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+        == release.EXIT_USAGE
+    )
+    assert "wheel folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert (
+        release.main(
+            [
+                "--wheels",
+                str(tmp_path / "empty"),
+                "--reports",
+                str(tmp_path / "empty"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == release.EXIT_USAGE
+    )
+    assert "no *.whl" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- refusal rules on built wheels
+
+
+def _validated(
+    tmp_path: Path,
+    label: str,
+    targets: list[str],
+    *,
+    tag=fx.LINUX_311,
+    base_version=fx.BASE_VERSION,
+    **report_kw,
+) -> Path:
+    wheel = fx.build_wheel(
+        tmp_path / "wheels", label, tag, sm_targets=targets, base_version=base_version
+    )
+    fx.write_report(tmp_path / "reports", wheel, fx.make_report(wheel, **report_kw))
+    fx.write_note(tmp_path / "reports", wheel)
+    return wheel
+
+
+def test_report_from_a_gpu_the_wheel_cannot_run_on_is_refused(tmp_path):
+    wheel = _validated(tmp_path, "sm75.torch2.14cu130", ["sm75+PTX"], execution="native")
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Refused)
+    assert "report says native on compute capability 9.0" in verdict.reasons[0]
+    assert "runs there ptx-jit" in verdict.reasons[0]
+
+
+def test_ptx_jit_validation_is_accepted_and_recorded(tmp_path):
+    wheel = _validated(tmp_path, "sm75.torch2.14cu130", ["sm75+PTX"], execution="ptx-jit")
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Accepted), getattr(verdict, "reasons", None)
+    assert release.manifest_entry(verdict, "simple")["execution"] == "ptx-jit"
+
+
+def test_wheel_without_build_info_is_refused(tmp_path):
+    wheel = fx.build_wheel(
+        tmp_path / "wheels",
+        "sm90.torch2.14cu130",
+        fx.LINUX_311,
+        sm_targets=["sm90"],
+        with_build_info=False,
+    )
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Refused)
+    assert "not built by the factory" in verdict.reasons[0]
+
+
+def test_report_for_another_wheel_and_bad_schema_are_refused(tmp_path):
+    wheel = _validated(tmp_path, "sm90.torch2.14cu130", ["sm90"])
+    report_path = tmp_path / "reports" / (wheel.name[:-4] + ".report.json")
+    report = json.loads(report_path.read_text())
+    report["wheel"]["filename"] = "other.whl"
+    report["schema_version"] = 7
+    report["checks"] = [{"name": "a", "status": "skip", "backend": None, "reason": "n/a"}]
+    report_path.write_text(json.dumps(report))
+    reasons = " | ".join(release.judge_wheel(wheel, tmp_path / "reports").reasons)
+    assert "the report is for other.whl" in reasons
+    assert "schema_version 7 is not supported" in reasons
+    assert "no check passed" in reasons
+
+
+def test_two_versions_in_one_release_is_an_error(tmp_path):
+    a = _validated(tmp_path, "sm90.torch2.14cu130", ["sm90"])
+    b = _validated(
+        tmp_path, "sm80.torch2.14cu130", ["sm80"], base_version="2.3.0", compute_capability="8.0"
+    )
+    with pytest.raises(ValueError, match="several versions"):
+        release.plan_release([a, b], tmp_path / "reports")
+
+
+def test_absolute_wheel_links_and_index_url_in_manifest(tmp_path):
+    rc, out = run_release(
+        tmp_path,
+        "--allow-partial",
+        "--index-base-url",
+        "https://github.com/o/r/releases/download/v2.2.0",
+        "--index-url",
+        "https://o.github.io/r/v2.2.0/simple/",
+    )
+    assert rc == 0
+    page = (out / "simple" / "sm90.torch2.14cu130" / "sageattention" / "index.html").read_text()
+    assert (
+        'href="https://github.com/o/r/releases/download/v2.2.0/sageattention-2.2.0%2Bsm90' in page
+    )
+    assert (
+        json.loads((out / "manifest.json").read_text())["index"]["url"]
+        == "https://o.github.io/r/v2.2.0/simple/"
+    )
+
+
+# ---------------------------------------------------------------- index layout
+
+
+def test_one_page_never_holds_two_wheels_with_the_same_tags(tmp_path):
+    a = fx.build_wheel(tmp_path, "sm80.torch2.12cu130", fx.LINUX_311, sm_targets=["sm80"])
+    b = fx.build_wheel(tmp_path, "sm89.torch2.12cu130", fx.LINUX_311, sm_targets=["sm89"])
+    c = fx.build_wheel(
+        tmp_path, "sm80.torch2.12cu130", "cp312-cp312-win_amd64", sm_targets=["sm80"]
+    )
+    where = index.write_index(
+        tmp_path / "simple",
+        "sageattention",
+        [index.IndexEntry(p.name, "0" * 64) for p in (a, b, c)],
+    )
+    assert where == {
+        a.name: "sm80.torch2.12cu130",
+        b.name: "sm89.torch2.12cu130",
+        c.name: "sm80.torch2.12cu130",
+    }
+    page = (
+        tmp_path / "simple" / "sm80.torch2.12cu130" / "sageattention" / "index.html"
+    ).read_text()
+    assert a.name in page and c.name in page and b.name not in page
+
+
+def test_index_rejects_same_tags_in_one_variant_and_unlabelled_wheels(tmp_path):
+    name = fx.wheel_filename("sm80.torch2.12cu130", fx.LINUX_311)
+    build_tagged = name.replace("-cp311-", "-1-cp311-", 1)  # same tags, different build number
+    with pytest.raises(ValueError, match="share the tag"):
+        index.write_index(
+            tmp_path,
+            "sageattention",
+            [index.IndexEntry(name, "0" * 64), index.IndexEntry(build_tagged, "1" * 64)],
+        )
+    with pytest.raises(ValueError, match="no local version label"):
+        index.write_index(
+            tmp_path,
+            "sageattention",
+            [index.IndexEntry("sageattention-2.2.0-cp311-cp311-linux_x86_64.whl", "0" * 64)],
+        )
+
+
+def test_index_cli_rebuilds_from_manifest(tmp_path, capsys):
+    _, out = run_release(tmp_path)
+    rc = index.main(
+        [
+            "--manifest",
+            str(out / "manifest.json"),
+            "--out",
+            str(tmp_path / "site"),
+            "--wheel-base-url",
+            "https://example.invalid/dl/",
+        ]
+    )
+    assert rc == 0
+    page = (tmp_path / "site" / "sm90.torch2.14cu130" / "sageattention" / "index.html").read_text()
+    assert "https://example.invalid/dl/sageattention-2.2.0%2Bsm90" in page
+    (tmp_path / "bad.json").write_text("{}")
+    assert index.main(["--manifest", str(tmp_path / "bad.json"), "--out", str(tmp_path / "x")]) == 2
+    assert "no 'wheels' list" in capsys.readouterr().err
+
+
+def test_pip_installs_the_exact_version_from_the_generated_index(tmp_path):
+    """pip, offline and isolated from any config, resolves the right wheel from a variant index."""
+    here = next(iter(sys_tags()))  # the most specific tag this interpreter installs
+    tag = f"{here.interpreter}-{here.abi}-{here.platform}"
+    for label, targets in (("sm80.torch2.14cu130", ["sm80"]), ("sm90.torch2.14cu130", ["sm90"])):
+        _validated(
+            tmp_path, label, targets, tag=tag, compute_capability=f"{targets[0][2]}.{targets[0][3]}"
+        )
+    # Same variant, another Python: on the same page, pip must skip it.
+    _validated(tmp_path, "sm90.torch2.14cu130", ["sm90"], tag="cp39-cp39-win_amd64")
+    rc, out = run_release(tmp_path, wheels=tmp_path / "wheels", reports=tmp_path / "reports")
+    assert rc == 0
+
+    target = tmp_path / "site-packages"
+    index_url = (out / "simple" / "sm90.torch2.14cu130").as_uri() + "/"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--isolated",
+            "--disable-pip-version-check",
+            "install",
+            "--no-deps",
+            "--no-cache-dir",
+            "--target",
+            str(target),
+            "--index-url",
+            index_url,
+            "sageattention==2.2.0+sm90.torch2.14cu130",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    (dist_info,) = target.glob("sageattention-*.dist-info")
+    assert dist_info.name == "sageattention-2.2.0+sm90.torch2.14cu130.dist-info"
+    info = json.loads((target / "sageattention" / "_build_info.json").read_text())
+    assert info["sm_targets"] == ["sm90"] and info["python_tag"] == here.interpreter
+
+
+# ---------------------------------------------------------------- parsers
+
+
+@pytest.mark.parametrize(
+    "text,cc,ptx,arch",
+    [
+        ("sm75", (7, 5), False, False),
+        ("sm75+PTX", (7, 5), True, False),
+        ("sm_90a", (9, 0), False, True),
+        ("8.9", (8, 9), False, False),
+        ("sm100", (10, 0), False, False),
+        ("compute_120+ptx", (12, 0), True, False),
+    ],
+)
+def test_parse_gpu_target(text, cc, ptx, arch):
+    t = release.parse_gpu_target(text)
+    assert (t.cc, t.ptx, t.arch_specific) == (cc, ptx, arch)
+
+
+@pytest.mark.parametrize("bad", ["", "turing", "sm7", "9"])
+def test_parse_gpu_target_rejects(bad):
+    with pytest.raises(ValueError, match="unrecognised SM target"):
+        release.parse_gpu_target(bad)
+
+
+def test_target_runs_on_rules():
+    sm80, sm75p, sm90a = (release.parse_gpu_target(t) for t in ("sm80", "sm75+PTX", "sm_90a"))
+    assert (
+        sm80.runs_on((8, 6)) == "native"
+        and sm80.runs_on((9, 0)) is None
+        and sm80.runs_on((7, 5)) is None
+    )
+    assert sm75p.runs_on((7, 5)) == "native" and sm75p.runs_on((9, 0)) == "ptx-jit"
+    assert sm90a.runs_on((9, 0)) == "native" and sm90a.runs_on((10, 0)) is None
+
+
+@pytest.mark.parametrize(
+    "value,expected", [("13.0", "13.0"), ("cu130", "13.0"), ("cu128", "12.8"), ("12.8.1", "12.8")]
+)
+def test_normalize_cuda(value, expected):
+    assert release.normalize_cuda(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value,expected", [("9.0", (9, 0)), ([8, 9], (8, 9)), ("sm_75", (7, 5)), (90, (9, 0))]
+)
+def test_parse_compute_capability(value, expected):
+    assert release.parse_compute_capability(value) == expected
+
+
+def test_bad_cuda_and_cc_raise_value_error():
+    with pytest.raises(ValueError, match="CUDA version"):
+        release.normalize_cuda("thirteen")
+    with pytest.raises(ValueError, match="compute capability"):
+        release.parse_compute_capability(None)
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        release.main(["--help"])
+    assert exc.value.code == 0
+    assert "exit codes" in capsys.readouterr().out
+
+
+def test_picker_reads_the_generated_manifest(tmp_path):
+    """End to end: release folder -> manifest.json -> the picker names the published wheel."""
+    _, out = run_release(tmp_path)
+    env = {
+        "os": "linux",
+        "arch": "x86_64",
+        "python": "3.11",
+        "glibc": "2.36",
+        "torch": "2.14.1+cu130",
+        "torch_cuda": "13.0",
+        "gpus": [{"name": "NVIDIA H200", "compute_capability": "9.0"}],
+    }
+    (tmp_path / "env.json").write_text(json.dumps(env))
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "pick_wheel.py"),
+            "--manifest",
+            str(out / "manifest.json"),
+            "--env-json",
+            str(tmp_path / "env.json"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    answer = json.loads(res.stdout)
+    assert answer["wheel"]["filename"] == fx.PASSING
+    assert answer["commands"]["pip"] == f'python -m pip install "{out / fx.PASSING}"'
+    assert (out / fx.PASSING).is_file()
+    index = (out / "simple" / "sm90.torch2.14cu130").as_uri() + "/"
+    assert f"--index-url {index} " in answer["commands"]["pip_index"]

@@ -1,0 +1,320 @@
+"""Validation reports: schema, sha256 binding, atomic write, and the validate command's refusals."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from scripts.factory import report as reports
+from scripts.factory import validate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "reports"
+SM90 = FIXTURES / "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.report.json"
+WIN = FIXTURES / "sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-win_amd64.report.json"
+WHEEL = "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
+
+
+def stored(path=SM90) -> dict:
+    return json.loads(path.read_text())
+
+
+def suite_doc() -> dict:
+    """A suite result document as `python -m sageattention.validation --json` writes it."""
+    doc = stored()
+    keep = ("environment", "execution", "expectation", "build_info", "package", "families",
+            "backends_table", "checks", "summary", "accuracy", "performance")
+    return {"suite_version": 1, "profile": "full", "duration_s": 1.0,
+            **{k: copy.deepcopy(doc[k]) for k in keep}}
+
+
+@pytest.fixture
+def wheel(tmp_path) -> Path:
+    path = tmp_path / WHEEL
+    path.write_bytes(b"PK fake wheel bytes")
+    return path
+
+
+# -- schema ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.report.json")), ids=lambda p: p.name[:40])
+def test_stored_fixtures_are_valid_reports(path):
+    doc = reports.load_report(path)
+    assert doc["schema_version"] == reports.SCHEMA_VERSION
+    assert path.name == reports.report_filename(doc["wheel"]["filename"])
+    assert "synthetic" in doc["fixture"] and "FIXTURE" in doc["environment"]["gpu_name"]
+
+
+def test_minimal_fields_other_code_relies_on():
+    doc = stored()
+    assert doc["wheel"]["filename"] == WHEEL and len(doc["wheel"]["sha256"]) == 64
+    assert doc["environment"]["compute_capability"] == "9.0"
+    assert doc["execution"] in ("native", "ptx-jit")
+    assert {"name", "status", "backend"} <= set(doc["checks"][0])
+    assert "speedup_vs_sdpa" in doc["performance"]["cases"][0]
+    assert doc["performance"]["geomean_speedup_vs_sdpa"] > 0
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.pop("schema_version"), "schema_version must be an integer"),
+    (lambda d: d.update(schema_version=2), "schema_version 2 is not supported"),
+    (lambda d: d["wheel"].update(filename="sageattention.zip"), "is not a wheel file name"),
+    (lambda d: d["wheel"].update(sha256="ABC"), "wheel.sha256 must be 64 lower-case hex"),
+    (lambda d: d["environment"].pop("gpu_name"), "environment.gpu_name must be"),
+    (lambda d: d["environment"].update(compute_capability="sm90"),
+     "compute_capability must look like '9.0'"),
+    (lambda d: d.update(execution="emulated"), "execution must be one of"),
+    (lambda d: d.update(checks=[]), "checks must be a non-empty list"),
+    (lambda d: d["checks"][0].update(status="ok"), "checks[0].status must be one of"),
+    (lambda d: d["checks"][0].update(status="fail", reason=None), "is fail without a reason"),
+    (lambda d: d["checks"][1].update(name=d["checks"][0]["name"]), "appears twice"),
+    (lambda d: d["checks"][0].pop("backend"), "checks[0].backend must be"),
+    (lambda d: d["performance"]["cases"][0].update(speedup_vs_sdpa="fast"),
+     "performance.cases[0].speedup_vs_sdpa"),
+    (lambda d: d["performance"].pop("geomean_speedup_vs_sdpa"), "geomean_speedup_vs_sdpa"),
+    (lambda d: d["environment"].update(os="Windows"), "is for Linux, but the run was on Windows"),
+])
+def test_invalid_reports_are_refused_with_the_reason(tmp_path, mutate, message):
+    doc = stored()
+    mutate(doc)
+    problems = reports.validate_report(doc)
+    assert any(message in p for p in problems), problems
+    path = tmp_path / SM90.name
+    path.write_text(json.dumps(doc))
+    with pytest.raises(reports.ReportError, match="is not a valid report"):
+        reports.load_report(path)
+
+
+def test_a_windows_wheel_cannot_carry_a_linux_run():
+    doc = stored(WIN)
+    assert reports.validate_report(doc) == []
+    doc["environment"]["os"] = "Linux"
+    assert any("is for Windows, but the run was on Linux" in p
+               for p in reports.validate_report(doc))
+
+
+def test_load_report_errors_name_the_file(tmp_path):
+    with pytest.raises(reports.ReportError, match="no such report"):
+        reports.load_report(tmp_path / "missing.report.json")
+    bad = tmp_path / "bad.report.json"
+    bad.write_text("{not json")
+    with pytest.raises(reports.ReportError, match="bad.report.json: not valid JSON"):
+        reports.load_report(bad)
+
+
+# -- sha256 binding, build, write ----------------------------------------------------------------
+
+def test_report_is_bound_to_the_wheel_bytes(tmp_path, wheel):
+    identity = reports.wheel_identity(wheel)
+    assert identity["filename"] == WHEEL
+    assert identity["sha256"] == hashlib.sha256(b"PK fake wheel bytes").hexdigest()
+    assert identity["version"] == "2.2.0+sm90.torch2.11cu130"
+    assert identity["tags"] == ["cp312-cp312-linux_x86_64"]
+    doc = reports.build_report(suite_doc(), wheel=identity, command="python -m x", mode="system")
+    path = reports.write_report(doc, tmp_path / "out")
+    assert path.name == WHEEL[:-4] + ".report.json"
+    loaded = reports.load_report(path)
+    reports.verify_wheel(loaded, wheel)  # same bytes: fine
+    wheel.write_bytes(b"PK rebuilt wheel")
+    with pytest.raises(reports.ReportError, match="the wheel changed after validation"):
+        reports.verify_wheel(loaded, wheel)
+    other = tmp_path / WHEEL.replace("sm90", "sm89")
+    other.write_bytes(b"PK fake wheel bytes")
+    with pytest.raises(reports.ReportError, match="the report is for"):
+        reports.verify_wheel(loaded, other)
+
+
+def test_build_report_refuses_a_shadowed_installation(wheel):
+    suite = suite_doc()
+    suite["build_info"]["version"] = "2.2.0+sm80.torch2.11cu130"
+    with pytest.raises(reports.ReportError, match="another installation shadowed the wheel"):
+        reports.build_report(suite, wheel=reports.wheel_identity(wheel), command="c", mode="m")
+
+
+def test_build_report_refuses_an_incomplete_suite_result(wheel):
+    suite = suite_doc()
+    suite["checks"] = []
+    with pytest.raises(reports.ReportError, match="checks must be a non-empty list"):
+        reports.build_report(suite, wheel=reports.wheel_identity(wheel), command="c", mode="m")
+
+
+def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path, wheel, monkeypatch):
+    doc = reports.build_report(suite_doc(), wheel=reports.wheel_identity(wheel), command="c",
+                               mode="m")
+    out = tmp_path / "out"
+    first = reports.write_report(doc, out)
+    before = first.read_text()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(reports.os, "replace", boom)
+    doc["execution"] = "ptx-jit"
+    with pytest.raises(OSError, match="disk full"):
+        reports.write_report(doc, out)
+    assert first.read_text() == before  # the old report is intact
+    assert [p.name for p in out.iterdir()] == [first.name]
+
+
+def test_write_refuses_an_invalid_report(tmp_path):
+    doc = stored()
+    doc["execution"] = "maybe"
+    with pytest.raises(reports.ReportError, match="refusing to write an invalid report"):
+        reports.write_report(doc, tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_report_filename_needs_a_wheel_name():
+    assert reports.report_filename(WHEEL) == WHEEL[:-4] + ".report.json"
+    with pytest.raises(reports.ReportError, match="expected '<name>-<version>"):
+        reports.report_filename("sageattention.tar.gz")
+
+
+# -- the validate command ------------------------------------------------------------------------
+
+def _args(wheel, **kw):
+    return SimpleNamespace(python="/py", system=kw.get("system", False), timeout=60.0,
+                           quick=kw.get("quick", False), no_performance=False, only=None,
+                           skip=None)
+
+
+def test_plan_system_mode_installs_without_deps_or_network(tmp_path, wheel):
+    steps = validate.plan(_args(wheel, system=True, quick=True), wheel, tmp_path)
+    install, suite = steps
+    assert install.argv[:4] == ["/py", "-m", "pip", "install"]
+    assert {"--no-deps", "--no-index"} <= set(install.argv)
+    assert install.argv[install.argv.index("--target") + 1] == str(tmp_path / "site")
+    assert suite.argv[:3] == ["/py", "-m", "sageattention.validation"]
+    assert "--quick" in suite.argv and suite.argv[suite.argv.index("--json") + 1] == \
+        str(tmp_path / "suite.json")
+    assert suite.env["PYTHONPATH"] == str(tmp_path / "site")
+    assert suite.cwd == str(tmp_path / "run")  # not the checkout: no shadowing
+
+
+def test_plan_system_mode_without_pip_unpacks_with_zipfile(tmp_path, wheel):
+    install, _ = validate.plan(_args(wheel, system=True), wheel, tmp_path, has_pip=False)
+    assert install.argv == ["/py", "-m", "zipfile", "-e", str(wheel.resolve()),
+                            str(tmp_path / "site")]
+
+
+def test_plan_default_mode_reinstalls_this_exact_file(tmp_path, wheel):
+    steps = validate.plan(_args(wheel), wheel, tmp_path)
+    assert [s.what for s in steps] == ["install", "reinstall this exact file", "suite"]
+    assert {"--force-reinstall", "--no-deps"} <= set(steps[1].argv)
+    assert "PYTHONPATH" not in steps[2].env
+
+
+def test_validate_refuses_without_a_gpu_before_installing(wheel, capsys):
+    calls = []
+
+    def runner(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+            {"torch": "2.14.1", "cuda_available": False, "devices": 0}), stderr="")
+
+    assert validate.main(["--wheel", str(wheel), "--system"], runner=runner) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+    assert len(calls) == 1 and calls[0][1] == "-c"  # only the probe ran: nothing installed
+
+
+def test_validate_system_mode_needs_a_preinstalled_torch(wheel, capsys):
+    def runner(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+            {"torch": None, "error": "ModuleNotFoundError('torch')"}), stderr="")
+
+    assert validate.main(["--wheel", str(wheel), "--system"], runner=runner) == 2
+    assert "--system reuses a preinstalled torch" in capsys.readouterr().err
+
+
+def test_validate_refuses_a_file_that_is_not_a_wheel(tmp_path, capsys):
+    assert validate.main(["--wheel", str(tmp_path / "notes.txt")]) == 2
+    assert "is not a wheel file name" in capsys.readouterr().err
+    assert validate.main(["--wheel", str(tmp_path / WHEEL)]) == 2
+    assert "no such wheel file" in capsys.readouterr().err
+
+
+def test_validate_runs_the_plan_and_writes_the_report(tmp_path, wheel):
+    """The whole flow with a stand-in runner: probe, install, suite, report."""
+    out = tmp_path / "release_notes"
+    seen = []
+
+    def runner(argv, **kwargs):
+        seen.append(argv)
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            target = Path(argv[argv.index("--json") + 1])
+            doc = suite_doc()
+            doc["package"]["path"] = str(target.parent / "site/sageattention/__init__.py")
+            target.write_text(json.dumps(doc))
+        return subprocess.CompletedProcess(argv, 0)
+
+    rc = validate.main(["--wheel", str(wheel), "--system", "--out-dir", str(out)],
+                       runner=runner)
+    assert rc == 0
+    report = reports.load_report(out / (WHEEL[:-4] + ".report.json"))
+    reports.verify_wheel(report, wheel)
+    assert report["run"]["mode"] == "system"
+    assert report["run"]["command"].startswith("python -m scripts.factory.validate --wheel")
+    assert [a[1:3] for a in seen] == [["-c", validate.PROBE], ["-m", "pip"],
+                                      ["-m", "sageattention.validation"]]
+
+
+def test_validate_refuses_when_the_suite_imported_something_else(tmp_path, wheel, capsys):
+    def runner(argv, **kwargs):
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            doc = suite_doc()
+            doc["package"]["path"] = "/somewhere/else/sageattention/__init__.py"
+            Path(argv[argv.index("--json") + 1]).write_text(json.dumps(doc))
+        return subprocess.CompletedProcess(argv, 0)
+
+    assert validate.main(["--wheel", str(wheel), "--system", "--out-dir", str(tmp_path)],
+                         runner=runner) == 2
+    assert "not from the wheel's directory" in capsys.readouterr().err
+
+
+def test_validate_takes_wheels_as_nox_passes_them(tmp_path, wheel, capsys):
+    """noxfile.py passes bare wheel paths; each is validated and the worst status wins."""
+    def runner(argv, **kwargs):
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+            {"torch": "2.14.1", "cuda_available": False, "devices": 0}), stderr="")
+
+    assert validate.main([str(wheel), "--wheel", str(tmp_path / "x.whl")], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU is visible" in err and "'x.whl' is not a wheel file name" in err
+    with pytest.raises(SystemExit):
+        validate.main([])
+
+
+def test_a_hung_suite_is_stopped_and_reported(tmp_path, wheel, capsys):
+    def runner(argv, **kwargs):
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            assert kwargs["timeout"] == 5.0
+            raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+        return subprocess.CompletedProcess(argv, 0)
+
+    rc = validate.main(["--wheel", str(wheel), "--system", "--timeout", "5",
+                        "--out-dir", str(tmp_path)], runner=runner)
+    assert rc == validate.EXIT_CRASHED
+    assert "suite did not finish within 5 s" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.report.json"))
+
+
+def test_validate_help_is_useful():
+    res = subprocess.run([sys.executable, "-m", "scripts.factory.validate", "--help"],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert res.returncode == 0 and "--system" in res.stdout and "Refuses without a GPU" in \
+        res.stdout

@@ -1,0 +1,102 @@
+"""The SDPA-compatible function and the patch context manager."""
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sageattention as sa
+from sageattention import sdpa_compat
+
+TORCH_SDPA = F.scaled_dot_product_attention
+
+
+def qkv(hq=4, hkv=4, nq=24, nk=40, d=64, dtype=torch.float16):
+    return (torch.randn(2, hq, nq, d, dtype=dtype), torch.randn(2, hkv, nk, d, dtype=dtype),
+            torch.randn(2, hkv, nk, d, dtype=dtype))
+
+
+def test_signature_is_sdpas():
+    params = inspect.signature(sa.scaled_dot_product_attention).parameters
+    expect = [("query", "POSITIONAL_OR_KEYWORD", inspect.Parameter.empty),
+              ("key", "POSITIONAL_OR_KEYWORD", inspect.Parameter.empty),
+              ("value", "POSITIONAL_OR_KEYWORD", inspect.Parameter.empty),
+              ("attn_mask", "POSITIONAL_OR_KEYWORD", None), ("dropout_p", "POSITIONAL_OR_KEYWORD", 0.0),
+              ("is_causal", "POSITIONAL_OR_KEYWORD", False),
+              # torch: "The optional scale argument can only be specified as a keyword argument."
+              ("scale", "KEYWORD_ONLY", None), ("enable_gqa", "KEYWORD_ONLY", False)]
+    assert [(p.name, p.kind.name, p.default) for p in params.values()] == expect
+    assert "attn_mask=None, dropout_p=0.0" in TORCH_SDPA.__doc__ and "enable_gqa=False" in TORCH_SDPA.__doc__
+
+
+def test_positional_mask_is_a_mask_not_a_layout():
+    q, k, v = qkv()
+    mask = torch.rand(24, 40) > 0.5
+    mask[:, 0] = True
+    out = sa.scaled_dot_product_attention(q, k, v, mask)
+    assert torch.equal(out, TORCH_SDPA(q, k, v, mask))
+    assert not torch.equal(out, TORCH_SDPA(q, k, v))
+    # Plain assignment of sageattn would have read the mask as tensor_layout:
+    with pytest.raises((TypeError, ValueError)):
+        sa.sageattn(q, k, v, mask)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float16, torch.float32])
+def test_positional_arguments_match_sdpa(mask_dtype):
+    q, k, v = qkv()
+    mask = (torch.rand(2, 1, 24, 40) > 0.3) if mask_dtype == torch.bool else torch.randn(24, 40).to(mask_dtype)
+    if mask_dtype == torch.bool:
+        mask[..., 0] = True
+    out = sa.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.2)
+    ref = TORCH_SDPA(q.double(), k.double(), v.double(), mask if mask_dtype == torch.bool else mask.double(),
+                     0.0, False, scale=0.2)
+    assert (out.double() - ref).abs().max() < 2e-3
+    causal = sa.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+    assert torch.equal(causal, TORCH_SDPA(q, k, v, None, 0.0, True))
+
+
+def test_gqa_follows_enable_gqa_like_sdpa():
+    q, k, v = qkv(hq=4, hkv=2)
+    assert torch.equal(sa.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                       TORCH_SDPA(q, k, v, enable_gqa=True))
+    with pytest.raises(RuntimeError):  # torch's own error, raised by torch
+        sa.scaled_dot_product_attention(q, k, v)
+
+
+def test_shapes_outside_the_api_go_to_torch_unchanged():
+    q3 = torch.randn(3, 10, 16)  # 3-D: SDPA accepts any batch shape
+    assert torch.equal(sa.scaled_dot_product_attention(q3, q3, q3), TORCH_SDPA(q3, q3, q3))
+    q, k, _ = qkv(dtype=torch.float32)
+    v_wide = torch.randn(2, 4, 40, 32)  # value head dim differs from the query's
+    assert torch.equal(sa.scaled_dot_product_attention(q, k, v_wide), TORCH_SDPA(q, k, v_wide))
+    assert sa.last_backend() == "sdpa"
+
+
+def test_patch_sdpa_patches_and_restores():
+    q, k, v = qkv()
+    mask = torch.ones(24, 40, dtype=torch.bool).tril()
+    with sa.patch_sdpa() as patched:
+        assert F.scaled_dot_product_attention is patched is sdpa_compat.scaled_dot_product_attention
+        out = F.scaled_dot_product_attention(q, k, v, mask)  # a caller passing the mask positionally
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    assert torch.equal(out, TORCH_SDPA(q, k, v, mask))
+
+
+def test_patch_sdpa_restores_after_an_error_and_nests():
+    with pytest.raises(KeyError):
+        with sa.patch_sdpa():
+            raise KeyError("boom")
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    with sa.patch_sdpa():
+        with sa.patch_sdpa():
+            pass
+        assert F.scaled_dot_product_attention is sdpa_compat.scaled_dot_product_attention
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_patched_fallback_does_not_recurse():
+    q, k, v = qkv(dtype=torch.float32)  # fp32: sageattn falls back to SDPA while SDPA is patched
+    with sa.patch_sdpa():
+        out = F.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+    assert torch.equal(out, TORCH_SDPA(q, k, v, None, 0.0, True))

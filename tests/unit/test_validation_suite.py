@@ -1,0 +1,472 @@
+"""The validation suite's own logic, on the CPU, against a fake sageattention.
+
+The fake computes attention with fp32 SDPA and reports a backend name like the real dispatcher;
+variants of it carry one bug each (a fallback when forced, an ignored mask, NaN past a block
+boundary, drift, an exception) and the tests assert the suite turns each into the right failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sageattention import benchmark
+from sageattention.validation import CHECK_NAMES, CHECKS, run_suite
+from sageattention.validation import __main__ as cli
+from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, bar_for, errors
+from sageattention.validation.api import Api
+from sageattention.validation.expectation import NoNativeCode, expect, parse_target
+from sageattention.validation.profile import Profile
+from sageattention.validation.runner import select
+
+REPO = Path(__file__).resolve().parents[2]
+FAMILIES = json.loads((REPO / "sageattention/native/families.json").read_text())
+
+SEED_NAMES = [
+    "Native runtime", "Public SageAttention API", "FP16", "BF16", "HND and NHD tensor layouts",
+    "Causal and non-causal attention", "Head dimensions 64 and 128",
+    "Sequence-length boundary testing", "GQA / MQA", "Cross-attention", "return_lse",
+    "Custom attention scale", "CUDA graph capture", "PyTorch autocast FP16/BF16",
+    "Two CUDA streams", "Two-GPU alternating-device testing", "Long sequence N=16384",
+    "500-call FP16/BF16 stress testing", "Boolean attention masks",
+    "Additive floating-point attention masks", "Float32 additive masks with FP16/BF16 Q/K/V",
+    "Normal unmasked native path regression",
+]
+
+TINY = Profile(batch=1, heads=4, seq_len=48, head_dims=(64, 128),
+               boundary_lengths=(1, 7, 16, 33), cross_lengths=(20, 45), long_seq_len=128,
+               long_heads=2, stress_calls=12, stress_shape=(1, 2, 32, 64), two_gpu_calls=2,
+               lane_shape=(1, 2, 32, 64), stream_calls=2, compile_backend="eager")
+
+SM90_BUILD = {"version": "2.2.0+sm90.torch2.11cu130", "sm_targets": ["sm90"],
+              "families": ["sm80", "sm89"], "torch": "2.11.0", "cuda": "13.0"}
+SM75_BUILD = {"version": "2.2.0+sm75.torch2.11cu130", "sm_targets": ["sm75+PTX"],
+              "families": ["sm75"], "torch": "2.11.0", "cuda": "13.0"}
+
+
+class FakeLib:
+    """Attention by fp32 SDPA, with the dispatch bookkeeping of the real package."""
+
+    def __init__(self, native=("cuda-sm80-fp16", "cuda-sm89-fp8"), default="cuda-sm89-fp8"):
+        self.native = set(native)
+        self.default = default
+        self.local = threading.local()
+        self.calls = 0
+        self.__version__ = "2.2.0+fake"
+        for name in ("sageattn_varlen", "sageattn_qk_int8_pv_fp16_triton",
+                     "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp8_cuda",
+                     "sageattn_qk_int8_pv_fp8_cuda_sm90"):
+            setattr(self, name, self._specific)
+
+    # -- dispatch API ------------------------------------------------------------------
+    def force_backend(self, name):
+        lib = self
+
+        class _Force:
+            def __enter__(self):
+                self.prev = getattr(lib.local, "forced", None)
+                lib.local.forced = name
+
+            def __exit__(self, *exc):
+                lib.local.forced = self.prev
+
+        return _Force()
+
+    def last_backend(self):
+        return getattr(self.local, "last", None)
+
+    def choose(self, attn_mask):
+        forced = getattr(self.local, "forced", None)
+        if attn_mask is not None:
+            return "sdpa"
+        if forced:
+            return forced if forced in self.native else "sdpa"
+        return self.default
+
+    # -- the functions -----------------------------------------------------------------
+    def _specific(self, q, k, v, tensor_layout="HND", is_causal=False, **kwargs):
+        kwargs.pop("qk_quant_gran", None)
+        kwargs.pop("pv_accum_dtype", None)
+        return self.sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, **kwargs)
+
+    def sageattn(self, q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
+                 return_lse=False, attn_mask=None):
+        self.calls += 1
+        self.local.last = self.choose(attn_mask)
+        with torch.autocast(q.device.type, enabled=False):
+            out, lse = self.attention(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask)
+        return (out, lse) if return_lse else out
+
+    def attention(self, q, k, v, layout, causal, scale, mask):
+        def hnd(x):
+            return x if layout == "HND" else x.transpose(1, 2)
+
+        qh, kh, vh = (hnd(t).float() for t in (q, k, v))
+        group = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(group, 1), vh.repeat_interleave(group, 1)
+        if mask is not None and mask.dtype != torch.bool:
+            mask = mask.float()
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
+                                             scale=scale)
+        scale = qh.shape[-1] ** -0.5 if scale is None else scale
+        s = qh @ kh.transpose(-1, -2) * scale
+        if causal:
+            keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+            s = s.masked_fill(~keep, -math.inf)
+        return hnd(out).to(q.dtype), torch.logsumexp(s, -1)
+
+
+def make_api(lib: FakeLib, build=SM90_BUILD, available=None) -> Api:
+    fams = build["families"]
+    return Api(sageattn=lib.sageattn, force_backend=lib.force_backend,
+               last_backend=lib.last_backend, module=lib,
+               available_families=lambda: available or {f: None for f in fams},
+               build_info=lambda: build, families_table=lambda: FAMILIES,
+               backends_table=lambda: None)
+
+
+def run(lib, build=SM90_BUILD, only=None, gpu_sm=90, available=None):
+    checks = select(CHECKS, only, None)
+    return run_suite(api=make_api(lib, build, available), device=torch.device("cpu"),
+                     profile=TINY, checks=checks, performance=False, gpu_sm=gpu_sm, argv=["x"])
+
+
+def by_name(doc):
+    return {c["name"]: c for c in doc["checks"]}
+
+
+# -- the check list ----------------------------------------------------------------------
+
+def test_check_names_are_the_seeds_plus_three():
+    assert CHECK_NAMES == SEED_NAMES + ["torch.compile", "Non-contiguous inputs",
+                                        "Extreme magnitudes"]
+    assert len({c.slug for c in CHECKS}) == len(CHECKS)
+
+
+def test_seed_names_appear_verbatim_in_the_seed():
+    seed = REPO.parent / "shared/seeds/sm75-turing-release-notes.txt"
+    if not seed.exists():
+        pytest.skip(f"seed notes not present at {seed}")
+    text = seed.read_text()
+    generic = {"Native runtime": "Native SM75 runtime",
+               "Normal unmasked native path regression": "Normal unmasked native SM75 path"}
+    for name in SEED_NAMES:
+        assert generic.get(name, name) in text, name
+
+
+# -- a correct library ----------------------------------------------------------------------
+
+def test_correct_library_passes_everything_that_can_run_on_cpu():
+    doc = run(FakeLib())
+    checks = by_name(doc)
+    assert list(checks) == CHECK_NAMES
+    cuda_only = {"CUDA graph capture", "Two CUDA streams", "Two-GPU alternating-device testing"}
+    for name, rec in checks.items():
+        if name in cuda_only:
+            assert rec["status"] == "skip" and rec["reason"] == "needs a CUDA device", rec
+        else:
+            assert rec["status"] == "pass", (name, rec["reason"])
+    assert doc["execution"] == "native"
+    assert [b["name"] for b in doc["expectation"]["native_backends"]] == \
+        ["cuda-sm80-fp16", "cuda-sm89-fp8"]
+    fp16 = checks["FP16"]
+    assert fp16["backends"] == ["cuda-sm80-fp16", "cuda-sm89-fp8"]
+    assert fp16["errors"]["cosine"] > 0.9999 and fp16["errors"]["rel_l1"] < 0.01
+    assert checks["Boolean attention masks"]["backend"] == "sdpa"
+    assert doc["summary"] == {"pass": 22, "fail": 0, "skip": 3, "failed": [], "all_passed": True}
+    assert set(doc["accuracy"]) == {"cuda-sm80-fp16", "cuda-sm89-fp8"}
+    json.dumps(doc, allow_nan=False)  # strict JSON
+
+
+# -- each bug becomes the right failure ---------------------------------------------------
+
+def test_a_native_check_that_runs_the_fallback_fails():
+    lib = FakeLib(native=("cuda-sm80-fp16",))  # the fp8 family "does not work": falls back
+    doc = run(lib, only=["fp16", "bool-masks"])
+    fp16 = by_name(doc)["FP16"]
+    assert fp16["status"] == "fail"
+    assert "forced cuda-sm89-fp8 but sdpa ran" in fp16["reason"]
+    assert "sdpa" in fp16["backends"]
+    # a masked check may use the fallback
+    assert by_name(doc)["Boolean attention masks"]["status"] == "pass"
+
+
+def test_default_dispatch_to_a_fallback_fails_public_api_and_regression():
+    lib = FakeLib(default="triton-fp16")
+    doc = run(lib, only=["public-api", "unmasked-regression"])
+    for rec in doc["checks"]:
+        assert rec["status"] == "fail"
+        assert "triton-fp16" in rec["reason"]
+
+
+def test_an_ignored_mask_fails_the_mask_checks():
+    lib = FakeLib()
+    original = lib.attention
+    lib.attention = lambda q, k, v, lay, c, s, mask: original(q, k, v, lay, c, s, None)
+    doc = run(lib, only=["bool-masks", "additive-masks", "fp32-additive-masks"])
+    for rec in doc["checks"]:
+        assert rec["status"] == "fail", rec["name"]
+        assert "cosine" in rec["reason"]
+
+
+def test_reading_past_the_sequence_end_is_caught():
+    lib = FakeLib()
+    original = lib.attention
+
+    def sloppy(q, k, v, layout, causal, scale, mask):
+        n = k.shape[2]
+        if n % 16 and not k.is_contiguous():  # a view: read the whole last 16-token block
+            size = (k.shape[0], k.shape[1], n + 16 - n % 16, k.shape[3])
+            k = k.as_strided(size, k.stride(), k.storage_offset())
+            v = v.as_strided(size, v.stride(), v.storage_offset())
+        out, lse = original(q, k, v, layout, False, scale, mask)
+        return out, lse
+
+    lib.attention = sloppy
+    doc = run(lib, only=["seq-boundaries"])
+    rec = doc["checks"][0]
+    assert rec["status"] == "fail"
+    assert "non-finite" in rec["reason"]
+    assert any(c["label"].endswith("N=7 causal=False") and not c["ok"] for c in rec["cases"])
+
+
+def test_drift_over_repeated_calls_fails_the_stress_check():
+    lib = FakeLib()
+    original = lib.attention
+
+    def drifting(*args):
+        out, lse = original(*args)
+        return out + 1e-4 * lib.calls, lse  # small at first, then grows call by call
+
+    lib.attention = drifting
+    rec = run(lib, only=["stress"])["checks"][0]
+    assert rec["status"] == "fail"
+    assert any("drifted" in f for f in rec["failures"]), rec["failures"]
+
+
+def test_an_exception_fails_one_check_and_the_run_goes_on():
+    lib = FakeLib()
+    original = lib.attention
+
+    def broken(q, k, v, layout, *rest):
+        if layout == "NHD":
+            raise RuntimeError("NHD kernel exploded")
+        return original(q, k, v, layout, *rest)
+
+    lib.attention = broken
+    doc = run(lib, only=["fp16", "layouts", "bf16"])
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status == {"FP16": "pass", "HND and NHD tensor layouts": "fail", "BF16": "pass"}
+    layouts = by_name(doc)["HND and NHD tensor layouts"]
+    assert "RuntimeError: NHD kernel exploded" in layouts["reason"]
+    assert "traceback" in layouts
+    assert doc["summary"]["failed"] == ["HND and NHD tensor layouts"]
+
+
+def test_a_family_that_did_not_load_fails_native_runtime():
+    doc = run(FakeLib(), only=["native-runtime"],
+              available={"sm80": None, "sm89": "undefined symbol: _ZN3c10..."})
+    rec = doc["checks"][0]
+    assert rec["status"] == "fail" and "sm89 did not load: undefined symbol" in rec["reason"]
+
+
+def test_two_gpu_check_skips_with_the_reason_on_one_gpu(monkeypatch):
+    from sageattention.validation import checks_runtime
+    from sageattention.validation.runner import Skip
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    with pytest.raises(Skip, match=r"needs two GPUs; this machine has 1 \(NVIDIA H200\)"):
+        checks_runtime.two_gpus(None, None, "cuda-sm80-fp16")
+
+
+# -- expectations: native, PTX-JIT, nothing ------------------------------------------------
+
+def test_sm75_ptx_wheel_on_sm90_runs_ptx_jit_and_forces_the_family():
+    lib = FakeLib(native=("cuda-sm75-fp16",), default="triton-fp16")
+    doc = run(lib, build=SM75_BUILD, only=["native-runtime", "public-api", "fp16"])
+    assert doc["execution"] == "ptx-jit"
+    assert doc["expectation"]["native_backends"] == [
+        {"name": "cuda-sm75-fp16", "family": "sm75", "via": "ptx", "ptx_arch": "compute_75"}]
+    checks = by_name(doc)
+    assert all(c["status"] == "pass" for c in checks.values()), checks
+    assert checks["FP16"]["backend"] == "cuda-sm75-fp16"
+    assert any("compute_75 PTX" in n for n in checks["Native runtime"]["notes"])
+
+
+def test_sm75_wheel_on_sm75_is_native():
+    e = expect(gpu_sm=75, families_table=FAMILIES, build_info=SM75_BUILD, available={})
+    assert e.execution == "native" and e.names == ["cuda-sm75-fp16"]
+
+
+def test_sass_runs_on_a_newer_minor_of_the_same_major():
+    build = {**SM90_BUILD, "sm_targets": ["sm80"], "families": ["sm80"]}
+    e = expect(gpu_sm=86, families_table=FAMILIES, build_info=build, available={})
+    assert e.execution == "native" and e.names == ["cuda-sm80-fp16"]
+
+
+def test_ptx_listed_in_build_info_counts():
+    build = {**SM75_BUILD, "sm_targets": ["sm75"], "ptx": ["compute_75"]}
+    e = expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+    assert e.execution == "ptx-jit" and e.names == ["cuda-sm75-fp16"]
+    build["ptx"] = []
+    with pytest.raises(NoNativeCode):
+        expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+
+
+def test_wheel_without_code_for_the_gpu_is_refused():
+    build = {**SM90_BUILD, "sm_targets": ["sm80"], "families": ["sm80"]}
+    with pytest.raises(NoNativeCode, match="no kernel for sm90"):
+        expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+
+
+def test_source_checkout_expects_what_compiled_here():
+    e = expect(gpu_sm=90, families_table=FAMILIES, build_info=None,
+               available={"sm75": "not built", "sm80": None, "sm89": None})
+    assert e.execution == "native" and e.names == ["cuda-sm80-fp16", "cuda-sm89-fp8"]
+
+
+@pytest.mark.parametrize("text,sm,ptx", [("sm75+PTX", 75, True), ("sm90", 90, False),
+                                         ("sm90a", 90, False), ("sm_86", 86, False)])
+def test_parse_target(text, sm, ptx):
+    t = parse_target(text)
+    assert (t.sm, t.ptx) == (sm, ptx)
+
+
+def test_parse_target_rejects_garbage():
+    with pytest.raises(ValueError, match="unrecognised SM target 'compute75'"):
+        parse_target("compute75")
+
+
+# -- figures and bars ----------------------------------------------------------------------
+
+def test_error_figures():
+    ref = torch.randn(4, 64)
+    same = errors(ref.half(), ref)
+    assert same.cosine > 0.9999 and same.rel_l1 < 1e-3 and same.finite
+    assert errors(-ref, ref).cosine == pytest.approx(-1.0, abs=1e-6)
+    assert errors(2 * ref, ref).rel_l1 == pytest.approx(1.0, rel=1e-5)
+    bad = ref.clone()
+    bad[0, 0] = float("nan")
+    e = errors(bad, ref)
+    assert not e.finite and not e.within(FP16_PV_BAR)
+    assert e.as_dict()["cosine"] is None  # JSON-safe
+    with pytest.raises(ValueError, match="shape"):
+        errors(ref[:2], ref)
+
+
+def test_bars_follow_the_pv_precision():
+    assert bar_for("cuda-sm89-fp8") is FP8_PV_BAR
+    assert bar_for("cuda-sm80-fp16") is FP16_PV_BAR and bar_for("sdpa") is FP16_PV_BAR
+    assert (FP16_PV_BAR.min_cosine, FP16_PV_BAR.max_rel_l1) == (0.9998, 0.02)
+    assert (FP8_PV_BAR.min_cosine, FP8_PV_BAR.max_rel_l1) == (0.9993, 0.04)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def test_cli_refuses_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["--no-performance"]) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_check_ids(capsys):
+    assert cli.main(["--only", "fp17"]) == 2
+    assert "unknown check id 'fp17'" in capsys.readouterr().err
+
+
+def test_cli_lists_checks(capsys):
+    assert cli.main(["--list"]) == 0
+    assert "Two-GPU alternating-device testing" in capsys.readouterr().out
+
+
+# -- benchmark --------------------------------------------------------------------------------
+
+def test_standard_case_set_is_design_md_twenty():
+    cases = benchmark.standard_cases()
+    assert len(cases) == 20 and len({c.name for c in cases}) == 20
+    assert benchmark.Case("fp16", 4, 32, 4096, 128, False).flops == 4 * 4 * 32 * 4096**2 * 128
+    assert benchmark.Case("fp16", 1, 1, 10, 8, True).flops == 4 * 100 * 8 / 2
+    assert benchmark.tops(benchmark.Case("fp16", 1, 1, 1000, 1000, False), 4.0) == \
+        pytest.approx(4e9 / 4e-3 / 1e12)
+
+
+def test_geomean():
+    assert benchmark.geomean([2.0, 0.5]) == pytest.approx(1.0)
+    assert benchmark.geomean([4.0, None, 1.0]) == pytest.approx(2.0)
+    assert benchmark.geomean([]) is None
+
+
+def test_case_rejects_bad_values():
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        benchmark.Case("fp8", 1, 1, 1, 64, False)
+    with pytest.raises(ValueError, match="seq_len must be at least 1"):
+        benchmark.Case("fp16", 1, 1, 0, 64, False)
+
+
+def test_benchmark_run_with_a_fake_timer():
+    lib = FakeLib(native=("cuda-sm80-fp16",))
+    api = make_api(lib)
+    cases = [benchmark.Case("fp16", 1, 2, 32, 64, c) for c in (False, True)]
+    # sdpa takes 2 ms; sageattn (any backend) 1 ms
+    timer = lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0  # noqa: E731
+    perf = benchmark.run(cases, api=api, device=torch.device("cpu"), timer=timer,
+                         others=["cuda-sm80-fp16", "cuda-sm89-fp8"])
+    assert perf["geomean_speedup_vs_sdpa"] == pytest.approx(2.0)
+    row = perf["cases"][0]
+    assert row["backend"] == "cuda-sm89-fp8" and row["speedup_vs_sdpa"] == pytest.approx(2.0)
+    assert row["accuracy"]["cosine"] > 0.9999
+    assert row["backends"]["cuda-sm80-fp16"]["speedup_vs_sdpa"] == pytest.approx(2.0)
+    assert row["backends"]["cuda-sm89-fp8"]["error"] == "forced cuda-sm89-fp8 but sdpa ran"
+    assert perf["geomean_speedup_vs_sdpa_by_backend"]["cuda-sm89-fp8"] is None
+
+
+def test_benchmark_cli_grid_and_refusal(monkeypatch, capsys):
+    args = benchmark.build_parser().parse_args(["--seq-len", "1024", "2048", "--causal", "yes",
+                                                "--dtype", "bf16"])
+    cases = benchmark.cases_from_args(args)
+    assert [c.name for c in cases] == ["bf16 4x32x1024x128 causal", "bf16 4x32x2048x128 causal"]
+    assert len(benchmark.cases_from_args(benchmark.build_parser().parse_args(
+        ["--cases", "wide"]))) == 2 * 6 * 2 * 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert benchmark.main([]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_suite_json_is_strict_and_written_atomically(tmp_path):
+    doc = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 0.5}}
+    path = tmp_path / "sub" / "suite.json"
+    cli.write_json(str(path), doc)
+    assert json.loads(path.read_text()) == {"a": None, "b": [1.0, None], "c": {"d": 0.5}}
+    assert [p.name for p in path.parent.iterdir()] == ["suite.json"]
+
+
+def test_suite_result_becomes_a_valid_report_and_note(tmp_path):
+    """suite -> report -> note, the chain a real run takes (environment patched: no GPU here)."""
+    from scripts.factory import notes, report
+
+    lib = FakeLib()
+    doc = run(lib, only=["native-runtime", "fp16", "bool-masks", "two-gpu"])
+    doc["performance"] = benchmark.run(
+        [benchmark.Case("fp16", 1, 2, 32, 64, False)], api=make_api(lib),
+        device=torch.device("cpu"), timer=lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0)
+    doc["environment"].update(gpu_name="Test GPU", compute_capability="9.0", gpu_sm="sm90",
+                              os="Linux")
+    doc = json.loads(json.dumps(cli.jsonsafe(doc)))  # as the suite writes it
+    wheel = tmp_path / "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
+    wheel.write_bytes(b"wheel")
+    rep = report.build_report(doc, wheel=report.wheel_identity(wheel), command="test",
+                              mode="system")
+    path = report.write_report(rep, tmp_path)
+    assert notes.main([str(path)]) == 0
+    text = (tmp_path / (wheel.stem + ".md")).read_text()
+    assert "- FP16: PASS (cuda-sm80-fp16, cuda-sm89-fp8)" in text
+    assert "- Two-GPU alternating-device testing: SKIP: needs a CUDA device" in text
+    assert "geometric-mean speed-up: 2.00x" in text
+    assert (tmp_path / (wheel.stem + ".speedup.svg")).exists()
