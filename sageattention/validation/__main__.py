@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                         performance=not args.no_performance,
                         argv=["-m", "sageattention.validation", *(sys.argv[1:] if argv is None
                                                                   else argv)],
-                        progress=lambda rec: print(_line(rec), flush=True))
+                        progress=lambda rec: print(_line(rec), flush=True),
+                        announce=lambda text: print(text, flush=True))
     except (NoGpu, NoNativeCode) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,8 @@ def run_suite(*, api: Api | None = None, device: torch.device | None = None,
               profile: Profile = FULL, checks: list[Check] | None = None,
               performance: bool = True, argv: list[str] | None = None,
               gpu_sm: int | None = None,
-              progress: Callable[[dict], None] | None = None) -> dict:
+              progress: Callable[[dict], None] | None = None,
+              announce: Callable[[str], None] | None = None) -> dict:
     """Run the checks (and the performance section) and return the suite's result document.
 
     ``device`` and ``gpu_sm`` are for the unit tests, which run the checks on the CPU with a fake
@@ -76,6 +77,12 @@ def run_suite(*, api: Api | None = None, device: torch.device | None = None,
     expectation = expect(gpu_sm=sm, families_table=families, build_info=build_info,
                          available=available)
     ctx = Context(api=api, device=device, profile=profile, expectation=expectation)
+    if announce:
+        how = ", ".join(f"{b.name} ({b.ptx_arch + ' PTX JIT' if b.via == 'ptx' else 'SASS'})"
+                        for b in expectation.backends)
+        announce(f"{env.get('gpu_name')} ({env.get('gpu_sm')}), torch {env['torch']}, "
+                 f"sageattention {getattr(api.module, '__version__', '?')}: execution "
+                 f"{expectation.execution}; native backends: {how}")
     results = []
     for check in checks:
         rec = run_check(check, ctx)
