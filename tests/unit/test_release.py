@@ -34,7 +34,7 @@ def run_release(tmp_path: Path, *extra: str, wheels=None, reports=None) -> tuple
     rc = release.main(
         [
             "--wheels",
-            str(wheels or FIXTURES / "wheelhouse"),
+            str(wheels or FIXTURES / "wheels"),
             "--reports",
             str(reports or FIXTURES / "release_notes"),
             "--out",
@@ -47,7 +47,7 @@ def run_release(tmp_path: Path, *extra: str, wheels=None, reports=None) -> tuple
 
 def test_stored_fixtures_are_reproducible(tmp_path):
     fx.generate(tmp_path)
-    for sub in ("wheelhouse", "release_notes"):
+    for sub in ("wheels", "release_notes"):
         stored = sorted(p.name for p in (FIXTURES / sub).iterdir())
         assert stored == sorted(p.name for p in (tmp_path / sub).iterdir())
         match, mismatch, errors = filecmp.cmpfiles(
@@ -158,7 +158,7 @@ def test_allow_partial_exits_zero(tmp_path):
 def test_nothing_accepted_writes_nothing(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    shutil.copy(FIXTURES / "wheelhouse" / fx.FAILING, wheels)
+    shutil.copy(FIXTURES / "wheels" / fx.FAILING, wheels)
     rc, out = run_release(tmp_path, wheels=wheels)
     assert rc == release.EXIT_NOTHING
     assert not out.exists()
