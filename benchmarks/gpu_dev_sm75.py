@@ -32,8 +32,13 @@ SRC = ROOT / "csrc" / "sm75"
 GENCODE = ["-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_75,code=compute_75"]
 EXT_NAME = "_kernels_sm75"
 # design.md "The benchmark case set": b, h, n, d (x fp16/bf16 x causal/not).
-CASES = [(4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64), (1, 32, 16384, 64),
-         (8, 32, 1024, 128)]
+CASES = [
+    (4, 32, 4096, 128),
+    (1, 32, 16384, 128),
+    (4, 32, 4096, 64),
+    (1, 32, 16384, 64),
+    (8, 32, 1024, 128),
+]
 
 BUILD_SNIPPET = """
 import sys, torch.utils.cpp_extension as ce
@@ -48,8 +53,9 @@ def build(out: Path, build_dir: Path) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [str(p) for p in sorted(SRC.glob("*.cpp")) + sorted(SRC.glob("*.cu"))]
     cuda_flags = ["-O3", "--expt-relaxed-constexpr", "-Xptxas=-v", *GENCODE]
-    code = BUILD_SNIPPET.format(name=EXT_NAME, sources=sources, inc=str(SRC), cuda_flags=cuda_flags,
-                                build=str(build_dir))
+    code = BUILD_SNIPPET.format(
+        name=EXT_NAME, sources=sources, inc=str(SRC), cuda_flags=cuda_flags, build=str(build_dir)
+    )
     env = dict(os.environ, MAX_JOBS=str(os.cpu_count() or 4))
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -66,7 +72,10 @@ def find_cuobjdump() -> str | None:
     candidates = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
     try:  # Triton wheels carry their own copy
         import triton
-        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+
+        candidates.append(
+            str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+        )
     except ImportError:
         pass
     return next((c for c in candidates if c and Path(c).is_file()), None)
@@ -86,8 +95,10 @@ def inspect_binary(so: Path, out: Path) -> dict:
     elf_arches = sorted(set(re.findall(r"\.(sm_\d+a?)\.cubin", text["--list-elf"])))
     ptx_arches = sorted(set(re.findall(r"\.(sm_\d+a?)\.ptx", text["--list-ptx"])))
     ok = elf_arches == ["sm_75"] and ptx_arches == ["sm_75"]
-    print(f"[cuobjdump] ELF {elf_arches}, PTX {ptx_arches} -> {'OK' if ok else 'UNEXPECTED'}",
-          flush=True)
+    print(
+        f"[cuobjdump] ELF {elf_arches}, PTX {ptx_arches} -> {'OK' if ok else 'UNEXPECTED'}",
+        flush=True,
+    )
     return {"elf": elf_arches, "ptx": ptx_arches, "ok": ok}
 
 
@@ -106,15 +117,28 @@ def isolated_package(so: Path, where: Path) -> Path:
 
 def run_tests(pkg_root: Path, out: Path, extra: list[str]) -> tuple[int, str]:
     env = dict(os.environ, PYTHONPATH=str(pkg_root))
-    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "gpu" / "test_native_sm75.py"),
-           "-q", "-rs", "--noconftest", "-p", "no:cacheprovider", f"--rootdir={pkg_root}",
-           "--durations=5", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(ROOT / "tests" / "gpu" / "test_native_sm75.py"),
+        "-q",
+        "-rs",
+        "--noconftest",
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={pkg_root}",
+        "--durations=5",
+        *extra,
+    ]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=pkg_root)
     (out / "pytest.log").write_text(proc.stdout + proc.stderr)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     summary = tail[-1] if tail else "(no output)"
-    print(f"[pytest] rc={proc.returncode} in {time.monotonic() - started:.1f}s: {summary}", flush=True)
+    print(
+        f"[pytest] rc={proc.returncode} in {time.monotonic() - started:.1f}s: {summary}", flush=True
+    )
     if proc.returncode != 0:
         print((proc.stdout + proc.stderr)[-7000:], flush=True)
     return proc.returncode, summary
@@ -129,11 +153,15 @@ def bench(pkg_root: Path, out: Path, quick: bool) -> list[dict]:
     try:
         from triton.testing import do_bench
     except ImportError:  # events, median of 20
+
         def do_bench(fn, warmup=25, rep=100, return_mode="median"):
             fn()
             times = []
             for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 end.record()
@@ -144,9 +172,19 @@ def bench(pkg_root: Path, out: Path, quick: bool) -> list[dict]:
     sm75.load()
     t0 = time.monotonic()
     x = torch.randn(1, 1, 64, 64, device="cuda", dtype=torch.float16)
-    sm75.qk_int8_pv_fp16(x, x, x, tensor_layout="HND", is_causal=False, sm_scale=0.125,
-                         qk_quant_gran="per_warp", pv_accum_dtype="fp32", smooth_k=True,
-                         smooth_v=False, return_lse=False)
+    sm75.qk_int8_pv_fp16(
+        x,
+        x,
+        x,
+        tensor_layout="HND",
+        is_causal=False,
+        sm_scale=0.125,
+        qk_quant_gran="per_warp",
+        pv_accum_dtype="fp32",
+        smooth_k=True,
+        smooth_v=False,
+        return_lse=False,
+    )
     torch.cuda.synchronize()
     print(f"[bench] first call (module load + PTX JIT) {time.monotonic() - t0:.2f}s", flush=True)
     rows = []
@@ -155,48 +193,89 @@ def bench(pkg_root: Path, out: Path, quick: bool) -> list[dict]:
         for b, h, n, d in cases:
             q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype) for _ in range(3))
             for causal in (False, True):
-                def ours():
-                    return sm75.qk_int8_pv_fp16(q, k, v, tensor_layout="HND", is_causal=causal,
-                                                sm_scale=d ** -0.5, qk_quant_gran="per_warp",
-                                                pv_accum_dtype="fp32", smooth_k=True,
-                                                smooth_v=False, return_lse=False)[0]
 
-                def sdpa():
+                def ours(q=q, k=k, v=v, causal=causal, d=d):
+                    return sm75.qk_int8_pv_fp16(
+                        q,
+                        k,
+                        v,
+                        tensor_layout="HND",
+                        is_causal=causal,
+                        sm_scale=d**-0.5,
+                        qk_quant_gran="per_warp",
+                        pv_accum_dtype="fp32",
+                        smooth_k=True,
+                        smooth_v=False,
+                        return_lse=False,
+                    )[0]
+
+                def sdpa(q=q, k=k, v=v, causal=causal):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-                out = ours()
-                exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                       is_causal=causal)
-                cos = F.cosine_similarity(out.double().flatten(), exact.double().flatten(),
-                                          dim=0).item()
-                l1 = ((out.double() - exact.double()).abs().sum() / exact.double().abs().sum()).item()
-                finite = bool(torch.isfinite(out).all())
-                del exact
+                got = ours()
+                exact = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), is_causal=causal
+                )
+                cos = F.cosine_similarity(
+                    got.double().flatten(), exact.double().flatten(), dim=0
+                ).item()
+                l1 = (
+                    (got.double() - exact.double()).abs().sum() / exact.double().abs().sum()
+                ).item()
+                finite = bool(torch.isfinite(got).all())
+                del exact, got
                 t_ours = do_bench(ours, warmup=25, rep=100, return_mode="median")
                 t_sdpa = do_bench(sdpa, warmup=25, rep=100, return_mode="median")
                 flops = 4 * b * h * n * n * d / (2 if causal else 1)
-                rows.append({"dtype": str(dtype).replace("torch.", ""), "b": b, "h": h, "n": n, "d": d,
-                             "causal": causal, "ms": t_ours, "tops": flops / t_ours / 1e9,
-                             "sdpa_ms": t_sdpa, "sdpa_tops": flops / t_sdpa / 1e9,
-                             "speedup": t_sdpa / t_ours, "cosine": cos, "rel_l1": l1,
-                             "finite": finite})
+                rows.append(
+                    {
+                        "dtype": str(dtype).replace("torch.", ""),
+                        "b": b,
+                        "h": h,
+                        "n": n,
+                        "d": d,
+                        "causal": causal,
+                        "ms": t_ours,
+                        "tops": flops / t_ours / 1e9,
+                        "sdpa_ms": t_sdpa,
+                        "sdpa_tops": flops / t_sdpa / 1e9,
+                        "speedup": t_sdpa / t_ours,
+                        "cosine": cos,
+                        "rel_l1": l1,
+                        "finite": finite,
+                    }
+                )
             del q, k, v
             torch.cuda.empty_cache()
     speedups = [r["speedup"] for r in rows]
     geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-    (out / "bench.json").write_text(json.dumps({
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "note": "sm75 kernels as driver-compiled compute_75 PTX on this GPU; not Turing speed",
-        "geomean_speedup_vs_sdpa": geo, "cases": rows}, indent=1))
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "note": "sm75 kernels as driver-compiled compute_75 PTX on this GPU; not Turing speed",
+                "geomean_speedup_vs_sdpa": geo,
+                "cases": rows,
+            },
+            indent=1,
+        )
+    )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "sm75-dev-out")),
-                        help="folder for build.log, cuobjdump.txt, pytest.log, bench.json")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(os.environ.get("OUT", "sm75-dev-out")),
+        help="folder for build.log, cuobjdump.txt, pytest.log, bench.json",
+    )
     parser.add_argument("--build-dir", type=Path, default=Path("/tmp/sm75_build"))
     parser.add_argument("--skip-tests", action="store_true", help="build and time only")
     parser.add_argument("--skip-bench", action="store_true", help="build and test only")
@@ -213,16 +292,24 @@ def main(argv: list[str] | None = None) -> int:
         rc, summary = run_tests(pkg_root, args.out, args.pytest_args.split())
     rows = [] if args.skip_bench else bench(pkg_root, args.out, args.quick_bench)
 
-    print("\n== sm75 dev run (compute_75 PTX JIT on this GPU: Turing code path, not Turing hardware) ==")
-    print(f"binary: ELF {binary['elf']} PTX {binary['ptx']} ({'OK' if binary['ok'] else 'UNEXPECTED'})")
+    print(
+        "\n== sm75 dev run (compute_75 PTX JIT on this GPU: Turing code path, not Turing hardware) =="
+    )
+    print(
+        f"binary: ELF {binary['elf']} PTX {binary['ptx']} ({'OK' if binary['ok'] else 'UNEXPECTED'})"
+    )
     print(f"tests: {summary}")
     if rows:
-        print(f"{'dtype':8} {'b':>2} {'h':>3} {'n':>6} {'d':>4} {'causal':>6} {'ms':>8} {'TOPS':>6} "
-              f"{'sdpa':>6} {'x':>5} {'cosine':>9} {'relL1':>7}")
+        print(
+            f"{'dtype':8} {'b':>2} {'h':>3} {'n':>6} {'d':>4} {'causal':>6} {'ms':>8} {'TOPS':>6} "
+            f"{'sdpa':>6} {'x':>5} {'cosine':>9} {'relL1':>7}"
+        )
         for r in rows:
-            print(f"{r['dtype']:8} {r['b']:>2} {r['h']:>3} {r['n']:>6} {r['d']:>4} {str(r['causal']):>6} "
-                  f"{r['ms']:8.3f} {r['tops']:6.1f} {r['sdpa_tops']:6.1f} {r['speedup']:5.2f} "
-                  f"{r['cosine']:9.6f} {r['rel_l1']:7.4f}{'' if r['finite'] else ' NaN!'}")
+            print(
+                f"{r['dtype']:8} {r['b']:>2} {r['h']:>3} {r['n']:>6} {r['d']:>4} {str(r['causal']):>6} "
+                f"{r['ms']:8.3f} {r['tops']:6.1f} {r['sdpa_tops']:6.1f} {r['speedup']:5.2f} "
+                f"{r['cosine']:9.6f} {r['rel_l1']:7.4f}{'' if r['finite'] else ' NaN!'}"
+            )
         geo = math.exp(sum(math.log(r["speedup"]) for r in rows) / len(rows))
         print(f"geomean speed-up vs SDPA default (information only): {geo:.2f}x")
     return 0 if rc == 0 and binary["ok"] and all(r["finite"] for r in rows) else 1

@@ -38,9 +38,12 @@ def load() -> None:
         importlib.import_module(EXTENSION)
     except ImportError as exc:
         raise ImportError(f"{EXTENSION} is not in this build or does not load: {exc}") from exc
-    if not hasattr(torch.ops, OP_NAMESPACE) or not hasattr(getattr(torch.ops, OP_NAMESPACE),
-                                                           "qk_int8_pv_fp16"):
-        raise ImportError(f"{EXTENSION} imported but did not register {OP_NAMESPACE}::qk_int8_pv_fp16")
+    if not hasattr(torch.ops, OP_NAMESPACE) or not hasattr(
+        getattr(torch.ops, OP_NAMESPACE), "qk_int8_pv_fp16"
+    ):
+        raise ImportError(
+            f"{EXTENSION} imported but did not register {OP_NAMESPACE}::qk_int8_pv_fp16"
+        )
     torch.library.register_fake(f"{OP_NAMESPACE}::qk_int8_pv_fp16")(_qk_int8_pv_fp16_fake)
     _loaded = True
 
@@ -59,25 +62,49 @@ def _check(q, k, v, tensor_layout, qk_quant_gran, pv_accum_dtype) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in DTYPES:
-            raise TypeError(f"{name} must be float16 or bfloat16 for the {FAMILY} kernels, got {t.dtype}")
+            raise TypeError(
+                f"{name} must be float16 or bfloat16 for the {FAMILY} kernels, got {t.dtype}"
+            )
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D in {tensor_layout} layout, got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must be 4-D in {tensor_layout} layout, got shape {tuple(t.shape)}"
+            )
     if tensor_layout not in TENSOR_LAYOUTS:
-        raise ValueError(f"tensor_layout={tensor_layout!r} is not accepted; use one of {TENSOR_LAYOUTS}")
+        raise ValueError(
+            f"tensor_layout={tensor_layout!r} is not accepted; use one of {TENSOR_LAYOUTS}"
+        )
     if qk_quant_gran not in SUPPORT["qk_quant_gran"]:
-        raise ValueError(f"qk_quant_gran={qk_quant_gran!r} is not supported by the {FAMILY} kernels;"
-                         f" supported: {tuple(SUPPORT['qk_quant_gran'])}")
+        raise ValueError(
+            f"qk_quant_gran={qk_quant_gran!r} is not supported by the {FAMILY} kernels;"
+            f" supported: {tuple(SUPPORT['qk_quant_gran'])}"
+        )
     if pv_accum_dtype not in SUPPORT["pv_accum_dtype"]:
-        raise ValueError(f"pv_accum_dtype={pv_accum_dtype!r} is not supported by the {FAMILY} kernels;"
-                         f" supported: {tuple(SUPPORT['pv_accum_dtype'])}")
+        raise ValueError(
+            f"pv_accum_dtype={pv_accum_dtype!r} is not supported by the {FAMILY} kernels;"
+            f" supported: {tuple(SUPPORT['pv_accum_dtype'])}"
+        )
     head_dim = q.shape[-1]
     if head_dim not in SUPPORT["head_dims"] or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        raise ValueError(f"head dims (q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}) must be equal and"
-                         f" one of {tuple(SUPPORT['head_dims'])} for the {FAMILY} kernels")
+        raise ValueError(
+            f"head dims (q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]}) must be equal and"
+            f" one of {tuple(SUPPORT['head_dims'])} for the {FAMILY} kernels"
+        )
 
 
-def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
-                    smooth_k, smooth_v, return_lse):
+def qk_int8_pv_fp16(
+    q,
+    k,
+    v,
+    *,
+    tensor_layout,
+    is_causal,
+    sm_scale,
+    qk_quant_gran,
+    pv_accum_dtype,
+    smooth_k,
+    smooth_v,
+    return_lse,
+):
     """INT8 QK^T (per-warp scales: 16 query / 32 key tokens), FP16 PV with fp32 accumulation.
 
     Returns (out, lse or None); out has q's shape and dtype, lse is [B, Hq, Nq] fp32 (natural log).
@@ -92,6 +119,7 @@ def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gra
     # The kernels read any batch/head/token strides but need a contiguous head dim.
     q, k, v = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)]
     op = getattr(torch.ops, OP_NAMESPACE).qk_int8_pv_fp16
-    out, lse = op(q, k, v, tensor_layout, bool(is_causal), float(sm_scale), bool(smooth_k),
-                  bool(return_lse))
+    out, lse = op(
+        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), bool(smooth_k), bool(return_lse)
+    )
     return out, (lse if return_lse else None)
