@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from . import dispatch
 from .backends import SDPA, backend
-from .dispatch import BackendChoice, BackendUnavailableError, log_once, record_backend
+from .dispatch import BackendChoice, log_once, record_backend
 from .inputs import (PV_ACCUM_DTYPES_FP8, PV_ACCUM_DTYPES_FP16, QUANTIZATION_BACKENDS, SAGEATTN_KEYWORDS,
                      AttnCall, check_bool, check_choice, check_varlen, parse_call, resolve_sm_scale,
                      split_kwargs)
@@ -83,12 +83,12 @@ def _run_sdpa(call: AttnCall, q, k, v):
     p = call.problem
     qh, kh, vh = (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
     mask = call.attn_mask
-    dtype = p.dtype
-    if mask is not None and mask.dtype != torch.bool and mask.dtype != dtype:
-        # An fp32 additive mask with fp16/bf16 inputs: run SDPA in fp32 so the mask keeps its precision.
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != p.dtype:
+        # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
+        # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
         qh, kh, vh = qh.float(), kh.float(), vh.float()
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
-                      scale=call.sm_scale, enable_gqa=p.q_heads != p.kv_heads).to(dtype)
+                      scale=call.sm_scale, enable_gqa=p.q_heads != p.kv_heads).to(p.dtype)
     if p.tensor_layout == "NHD":
         out = out.transpose(1, 2).contiguous()
     lse = _sdpa_lse(qh, kh, mask, call.is_causal, call.sm_scale) if call.return_lse else None
@@ -103,8 +103,8 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
         out, lse = _run_sdpa(call, q, k, v)
     else:
         row = backend(choice.name)
-        # Kernels index memory directly; a strided view is copied once rather than read wrongly.
-        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
+        # The kernels take any batch/head/token strides but need a unit-stride head dim.
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
         if row.kind == "triton":
             from sageattention import triton as triton_backend
             out, lse = triton_backend.attention(
@@ -262,6 +262,3 @@ def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     record_backend(SDPA)
     return torch.cat(pieces, dim=0)
 
-
-# Re-exported for callers that catch it.
-BackendUnavailableError = BackendUnavailableError

@@ -35,13 +35,20 @@ class BackendUnavailableError(RuntimeError):
 @dataclass(frozen=True)
 class Inventory:
     """What the installed build can run: native family -> None (usable) or the reason it is not;
-    Triton: (usable, reason)."""
+    Triton: (usable, reason). Hashable, so choices can be cached per (request, inventory)."""
 
-    native: dict
+    native: tuple  # ((family, None | reason), ...); a dict is accepted and frozen
     triton: tuple[bool, str]
 
+    def __post_init__(self):
+        if isinstance(self.native, dict):
+            object.__setattr__(self, "native", tuple(sorted(self.native.items())))
+
+    def family_problem(self, family: str) -> str | None:
+        return dict(self.native).get(family, "not in this build")
+
     def contents(self) -> str:
-        usable = [f for f, why in self.native.items() if why is None]
+        usable = [f for f, why in self.native if why is None]
         text = "native families " + (", ".join(usable) if usable else "none")
         return text + ("; Triton kernels" if self.triton[0] else f"; no Triton ({self.triton[1]})")
 
@@ -216,8 +223,8 @@ def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[
         served = ", ".join(f"sm{a}{c}" for a, c in sorted(b.capabilities)) or \
             f"sm{b.min_capability[0]}{b.min_capability[1]}+"
         hard.append(f"compute capability {req.capability[0]}.{req.capability[1]} is not served ({served})")
-    if b.kind == "native" and inv.native.get(b.family, "not in this build") is not None:
-        hard.append(f"family {b.family} unavailable: {inv.native.get(b.family, 'not in this build')}")
+    if b.kind == "native" and inv.family_problem(b.family) is not None:
+        hard.append(f"family {b.family} unavailable: {inv.family_problem(b.family)}")
     if b.kind == "triton" and not inv.triton[0]:
         hard.append(f"Triton unavailable: {inv.triton[1]}")
     if req.dtype not in b.dtypes:
@@ -249,6 +256,12 @@ def _native_choice(b: Backend, req: Request, reason: str, adjustments=()) -> Bac
 
 def choose(req: Request, inv: Inventory, *, candidates: tuple[str, ...] | None = None,
            allow_fallback: bool = True, forced: str | None = None) -> BackendChoice:
+    """Pick the backend for one call (see _choose); choices are cached, the rule is pure."""
+    return _choose(req, inv, candidates, allow_fallback, forced)
+
+
+@functools.lru_cache(maxsize=512)
+def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forced) -> BackendChoice:
     """Pick the backend for one call.
 
     candidates: the quantized backends the calling function may use (None: all; `sageattn`).
@@ -269,18 +282,19 @@ def choose(req: Request, inv: Inventory, *, candidates: tuple[str, ...] | None =
             hard, options = _misfits(b, req, inv)
             if hard or (options and not relax):
                 if not relax:
-                    skipped.append(f"{b.name}: {'; '.join(hard + options)}")
+                    skipped.append((b.name, f"{b.name}: {'; '.join(hard + options)}"))
                 continue
             gpu = f"sm{req.capability[0]}{req.capability[1]}"
             why = f"first usable backend for {gpu} in the order {', '.join(order)}"
-            if skipped:
-                why += " (skipped " + " | ".join(skipped) + ")"
+            passed_over = [text for name, text in skipped if name != b.name]
+            if passed_over:
+                why += " (skipped " + " | ".join(passed_over) + ")"
             return _native_choice(b, req, why, options)
 
     input_reason = _input_reason(req, rows or tuple(backends.backend(n) for n in (candidates or ())))
     if input_reason is not None:
         return BackendChoice(SDPA, input_reason, True)
-    detail = " | ".join(skipped) if skipped else "no quantized backend is listed for this GPU"
+    detail = " | ".join(text for _, text in skipped) or "no quantized backend is listed for this GPU"
     if not allow_fallback:
         wanted = ", ".join(candidates or ()) or "none"
         raise BackendUnavailableError(

@@ -127,8 +127,8 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     "fp32+fp32" | "fp32+fp16". Note: the hardware's reduced-precision FP8 fp32 accumulator is not
     emulated ("fp32" and "fp32+fp32" give the same result here).
     fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to (both 448
-    in architecture.md). With those, an fp16 inner accumulator ("fp32+fp16") overflows: one K block
-    can sum to 64 * 448 * 448; the reference shows that as inf/NaN rather than hiding it.
+    in architecture.md). With those, an fp16 inner accumulator ("fp32+fp16") overflows: a single
+    P*V product reaches 448 * 448 > 65504; the reference shows that as inf/NaN rather than hiding it.
     Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
     log when return_lse.
     """
@@ -174,7 +174,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     all_fp16 = pv_accum_dtype == "fp16"
     chunk = _MMA_K[pv_dtype]
     m = torch.full((b, hq, nq), -math.inf, dtype=torch.float32, device=dev)
-    l = torch.zeros(b, hq, nq, dtype=torch.float32, device=dev)
+    row_sum = torch.zeros(b, hq, nq, dtype=torch.float32, device=dev)
     acc = out_hnd
     q_idx = torch.arange(nq, device=dev)[:, None]
     for j0 in range(0, nk, blkk):
@@ -186,7 +186,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows fully masked so far
         alpha = torch.exp2(m - m_safe)
         p = torch.exp2(s - m_safe[..., None])
-        l = l * alpha + p.sum(dim=-1)
+        row_sum = row_sum * alpha + p.sum(dim=-1)
         if pv_dtype == "fp16":
             p_q = p.half().float()
         else:
@@ -200,12 +200,12 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
             acc = acc * alpha[..., None] + p_q @ v_blk
         m = m_new
 
-    out_hnd = acc / l[..., None]
+    out_hnd = acc / row_sum[..., None]
     if v_scale is not None:
         out_hnd = out_hnd / p_scale * v_scale.repeat_interleave(group, dim=1)
     if smooth_v:
         out_hnd = out_hnd + vm.repeat_interleave(group, dim=1)
-    lse = (torch.log2(l) + m) / LOG2E
+    lse = (torch.log2(row_sum) + m) / LOG2E
     if smooth_k:
         lse = lse + (qf * km.repeat_interleave(group, dim=1)).sum(dim=-1) * sm_scale
     return _finish(out_hnd, lse, q.dtype, tensor_layout, return_lse)

@@ -100,11 +100,13 @@ def test_masks_are_honoured():
     assert torch.equal(sa.sageattn(q, k, v, attn_mask=bool_mask), sdpa(q, k, v, attn_mask=bool_mask))
     add16 = torch.randn(24, 40, dtype=torch.float16)
     assert torch.equal(sa.sageattn(q, k, v, attn_mask=add16), sdpa(q, k, v, attn_mask=add16))
-    # fp32 additive mask with fp16 inputs: computed in fp32, so it matches float64 SDPA closely.
+    # fp32 additive mask with fp16 inputs: SDPA run in fp32 (CUDA SDPA gave NaN for the raw pairing).
     add32 = torch.randn(1, 4, 24, 40) * 3
     out = sa.sageattn(q, k, v, attn_mask=add32)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, sdpa(q.float(), k.float(), v.float(), attn_mask=add32).half())
     ref = sdpa(q.double(), k.double(), v.double(), attn_mask=add32.double())
-    assert out.dtype == torch.float16 and (out.double() - ref).abs().max() < 2e-3
+    assert (out.double() - ref).abs().max() < 2e-3
     # The mask really changes the result (it is not dropped).
     assert not torch.allclose(out, sa.sageattn(q, k, v))
 
@@ -233,7 +235,8 @@ def fake_kernels(monkeypatch):
                smooth_k, smooth_v, return_lse):
             calls.append(dict(op=pv_dtype, family=family, layout=tensor_layout, causal=is_causal,
                               scale=sm_scale, gran=qk_quant_gran, accum=pv_accum_dtype, smooth_k=smooth_k,
-                              smooth_v=smooth_v, lse=return_lse, contiguous=q.is_contiguous()))
+                              smooth_v=smooth_v, lse=return_lse, unit_stride=q.stride(-1) == 1,
+                              ptr=q.data_ptr()))
             out, lse = sageattn_reference(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
                                           sm_scale=sm_scale, qk_quant_gran=qk_quant_gran, pv_dtype=pv_dtype,
                                           pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
@@ -262,16 +265,27 @@ def test_native_call_receives_resolved_arguments(fake_kernels):
     calls, state = fake_kernels
     state["choice"] = BackendChoice("cuda-sm80-fp16", "test", False, "per_warp", "fp16+fp32")
     q, k, v = qkv(layout="NHD")
-    q = q.transpose(2, 3).contiguous().transpose(2, 3)  # strided: must reach the kernel contiguous
+    q = q.transpose(2, 3).contiguous().transpose(2, 3)  # head-dim stride != 1: must be copied
     out, lse = sa.sageattn(q, k, v, tensor_layout="NHD", is_causal=True, scale=0.1, smooth_v=True,
                            return_lse=True)
     assert calls[0] == dict(op="guard", device=torch.device("cpu"))
     assert calls[1] == dict(op="fp16", family="sm80", layout="NHD", causal=True, scale=0.1, gran="per_warp",
-                            accum="fp16+fp32", smooth_k=True, smooth_v=True, lse=True, contiguous=True)
+                            accum="fp16+fp32", smooth_k=True, smooth_v=True, lse=True, unit_stride=True,
+                            ptr=calls[1]["ptr"])
+    assert calls[1]["ptr"] != q.data_ptr()  # copied once to a unit-stride head dim
     assert out.shape == q.shape and lse.shape == (2, 4, 24)
     assert sa.last_backend() == "cuda-sm80-fp16"
     sa.sageattn(q, k, v, tensor_layout="NHD")
     assert [c["op"] for c in calls].count("guard") == 1  # the guard runs once per device
+
+
+def test_views_with_unit_head_dim_stride_are_not_copied(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("cuda-sm80-fp16", "test", False, "per_thread", "fp32")
+    q, k, v = qkv()
+    qn, kn, vn = (t.transpose(1, 2) for t in (q, k, v))  # NHD views of HND memory
+    sa.sageattn(qn, kn, vn, tensor_layout="NHD")
+    assert calls[-1]["ptr"] == q.data_ptr() and calls[-1]["layout"] == "NHD"
 
 
 def test_fp8_function_passes_its_accumulator(fake_kernels):
@@ -280,6 +294,7 @@ def test_fp8_function_passes_its_accumulator(fake_kernels):
     q, k, v = qkv()
     sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, smooth_v=True)
     assert calls[-1]["op"] == "fp8" and calls[-1]["family"] == "sm89" and calls[-1]["smooth_v"]
+    assert calls[-1]["accum"] == "fp32+fp16" and calls[-1]["gran"] == "per_thread"
     assert sa.last_backend() == "cuda-sm89-fp8"
 
 

@@ -1,5 +1,6 @@
 """Backend selection rules (capability table + dispatch), exercised without a GPU through choose()."""
 
+import dataclasses
 import json
 import logging
 import threading
@@ -41,7 +42,7 @@ def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
         assert set(row.qk_quant_grans) == set(spec["qk_quant_gran"])
         assert set(row.pv_accum_dtypes) == set(spec["pv_accum_dtype"])
         assert row.op in spec["ops"]
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         table[0].name = "x"  # frozen records
 
 
@@ -128,6 +129,7 @@ def test_unavailable_granularity_is_substituted_and_said():
     choice = choose(req((7, 5), qk_quant_gran="per_thread"), inv(*ALL))
     assert choice.name == "cuda-sm75-fp16" and choice.qk_quant_gran == "per_warp"
     assert any("per_thread" in a and "per_warp" in a for a in choice.adjustments)
+    assert "skipped" not in choice.reason  # the chosen backend is not listed as skipped
 
 
 # --- kernel-specific functions: candidates without fallback -----------------------------------
@@ -251,5 +253,5 @@ def test_inventory_without_compiled_kernels_says_why():
     state = dispatch._native_state()
     assert set(state) == set(ALL)
     # In a source checkout nothing is compiled; each family reports a reason, never a crash.
-    for family, why in state.items():
+    for why in state.values():
         assert why is None or isinstance(why, str)
