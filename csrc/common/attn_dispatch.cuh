@@ -8,26 +8,44 @@ namespace sage {
 // Tile shape per head dim: MT m16 tiles per warp, NWARPS warps (CTA_Q = 16 * MT * NWARPS, at
 // most 128 = the Q padding), QREG: Q fragments kept in registers. The -D overrides exist for
 // tuning runs (benchmarks/gpu_dev_native.py --variant); the defaults are the measured best.
+// Measured on the H200 (docs/kernels.md, 2026-12-02): for d=128, 4 warps x 2 m-tiles with Q
+// reloaded from shared memory ran 296 TOPS vs 219 for 8 warps x 1 m-tile (same inputs, fp16,
+// 4x32x4096); d=64 was within noise across the three shapes tried.
+// Each knob can be set alone with -D; unset ones keep these defaults.
+#ifndef SAGE_HD64_KSUB  // 64-token K scale blocks per loop iteration (2: compiled, not yet timed)
+#define SAGE_HD64_KSUB 1
+#endif
 #ifndef SAGE_HD64_MT
 #define SAGE_HD64_MT 2
+#endif
+#ifndef SAGE_HD64_WARPS
 #define SAGE_HD64_WARPS 4
-#define SAGE_HD64_QREG 1
+#endif
+#ifndef SAGE_HD64_QREG
+#define SAGE_HD64_QREG 0
+#endif
+#ifndef SAGE_HD128_KSUB
+#define SAGE_HD128_KSUB 1
 #endif
 #ifndef SAGE_HD128_MT
-#define SAGE_HD128_MT 1
-#define SAGE_HD128_WARPS 8
-#define SAGE_HD128_QREG 1
+#define SAGE_HD128_MT 2
+#endif
+#ifndef SAGE_HD128_WARPS
+#define SAGE_HD128_WARPS 4
+#endif
+#ifndef SAGE_HD128_QREG
+#define SAGE_HD128_QREG 0
 #endif
 template <int HEAD_DIM>
 struct TileShape;
 template <>
 struct TileShape<64> {
-  static constexpr int kMT = SAGE_HD64_MT, kWarps = SAGE_HD64_WARPS;
+  static constexpr int kMT = SAGE_HD64_MT, kWarps = SAGE_HD64_WARPS, kKSub = SAGE_HD64_KSUB;
   static constexpr bool kQReg = SAGE_HD64_QREG;
 };
 template <>
 struct TileShape<128> {
-  static constexpr int kMT = SAGE_HD128_MT, kWarps = SAGE_HD128_WARPS;
+  static constexpr int kMT = SAGE_HD128_MT, kWarps = SAGE_HD128_WARPS, kKSub = SAGE_HD128_KSUB;
   static constexpr bool kQReg = SAGE_HD128_QREG;
 };
 static_assert(16 * SAGE_HD64_MT * SAGE_HD64_WARPS <= 128 && 16 * SAGE_HD128_MT * SAGE_HD128_WARPS <= 128,
@@ -37,8 +55,8 @@ template <int HEAD_DIM, PvKind PV, PvAccum ACC>
 cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t stream) {
   using S = TileShape<HEAD_DIM>;
   if (out_dtype == DType::kFloat16)
-    return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, PV, ACC, __half>(p, stream);
-  return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, PV, ACC, __nv_bfloat16>(p, stream);
+    return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __half>(p, stream);
+  return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __nv_bfloat16>(p, stream);
 }
 
 }  // namespace sage

@@ -26,6 +26,10 @@
 #ifndef SAGE_MIN_CTAS_HD128
 #define SAGE_MIN_CTAS_HD128 1
 #endif
+// Skip the O rescale when no row max of the warp moved (tuning knob).
+#ifndef SAGE_SKIP_RESCALE
+#define SAGE_SKIP_RESCALE 1
+#endif
 #ifndef SAGE_FAST_I2F
 #define SAGE_FAST_I2F 1
 #endif
@@ -38,16 +42,18 @@ constexpr int kBlkK = 64;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kFp8PScale = 448.f;
 
-template <int HEAD_DIM, int MT, int NWARPS, PvKind PV>
+// KSUB: 64-token K blocks (one K scale block each) handled per loop iteration / barrier.
+template <int HEAD_DIM, int MT, int NWARPS, PvKind PV, int KSUB = 1>
 struct AttnTraits {
+  static constexpr int kIterK = KSUB * kBlkK;  // keys per iteration
   static constexpr int kCtaQ = NWARPS * MT * 16;
   static constexpr int kThreads = NWARPS * 32;
   // Rows padded by 16 bytes: 8 rows read by one ldmatrix land in 8 different bank groups.
   static constexpr int kQKStride = HEAD_DIM + 16;  // int8 Q/K rows
-  static constexpr int kVRows = PV == PvKind::kFp16 ? kBlkK : HEAD_DIM;
-  static constexpr int kVStride = PV == PvKind::kFp16 ? HEAD_DIM * 2 + 16 : kBlkK + 16;
+  static constexpr int kVRows = PV == PvKind::kFp16 ? kIterK : HEAD_DIM;
+  static constexpr int kVStride = PV == PvKind::kFp16 ? HEAD_DIM * 2 + 16 : kIterK + 16;
   static constexpr int kQBytes = kCtaQ * kQKStride;
-  static constexpr int kKBytes = kBlkK * kQKStride;
+  static constexpr int kKBytes = kIterK * kQKStride;
   static constexpr int kVBytes = kVRows * kVStride;
   static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes;
   static constexpr int kDTiles = HEAD_DIM / 8;  // n8 tiles of the output
@@ -77,10 +83,13 @@ __device__ __forceinline__ float s32_to_f32(int32_t x) {
 
 // QREG: keep the warp's Q fragments in registers for the whole K loop (else reload them from
 // shared memory every K block, trading shared-memory bandwidth for registers).
-template <int HEAD_DIM, int MT, int NWARPS, bool QREG, PvKind PV, PvAccum ACC, typename OutT>
+template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
+          typename OutT>
 __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD64 : SAGE_MIN_CTAS_HD128)
     attn_kernel(const AttnParams p) {
-  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV>;
+  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>;
+  constexpr int kIterK = Tr::kIterK;
+  constexpr int kNT = 8 * KSUB;  // n8 tiles of S per iteration
   constexpr int kCtaQ = Tr::kCtaQ;
   constexpr int kThreads = Tr::kThreads;
   constexpr int kDT = Tr::kDTiles;
@@ -104,8 +113,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   const int64_t bh = static_cast<int64_t>(b) * p.q_heads + h;
   const int64_t bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
 
-  int n_kblocks = (p.kv_len + kBlkK - 1) / kBlkK;
-  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + kBlkK - 1) / kBlkK);
+  int n_kblocks = (p.kv_len + kIterK - 1) / kIterK;
+  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + kIterK - 1) / kIterK);
 
   const int8_t* gQ = p.q + (bh * p.q_pad + q0) * HEAD_DIM;
   const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
@@ -113,36 +122,39 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   // ---- async loads ----
   auto load_k = [&](int kb, int buf) {
     uint8_t* dst = sK + buf * Tr::kKBytes;
-    const int8_t* src = gK + static_cast<int64_t>(kb) * kBlkK * HEAD_DIM;
-    constexpr int kChunks = kBlkK * HEAD_DIM / 16;
+    const int8_t* src = gK + static_cast<int64_t>(kb) * kIterK * HEAD_DIM;
+    constexpr int kChunks = kIterK * HEAD_DIM / 16;
     #pragma unroll
     for (int c = tid; c < kChunks; c += kThreads) {
       const int r = c / (HEAD_DIM / 16), col = (c % (HEAD_DIM / 16)) * 16;
-      cp_async_16(dst + r * Tr::kQKStride + col, src + r * HEAD_DIM + col, true);
+      // K is padded to 64 tokens only: with KSUB > 1 the last iteration may pass its end.
+      const bool ok = KSUB == 1 || kb * kIterK + r < p.k_pad;
+      cp_async_16(dst + r * Tr::kQKStride + col, ok ? src + r * HEAD_DIM + col : gK, ok);
     }
   };
   auto load_v = [&](int kb, int buf) {
     uint8_t* dst = sV + buf * Tr::kVBytes;
     if constexpr (PV == PvKind::kFp16) {
       const __half* base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
-      constexpr int kChunks = kBlkK * HEAD_DIM / 8;
+      constexpr int kChunks = kIterK * HEAD_DIM / 8;
       #pragma unroll
       for (int c = tid; c < kChunks; c += kThreads) {
         const int r = c / (HEAD_DIM / 8), col = (c % (HEAD_DIM / 8)) * 8;
-        const int tok = kb * kBlkK + r;
+        const int tok = kb * kIterK + r;
         const bool ok = tok < p.kv_len;  // zero-fill past the end: P is 0 there, V must not be NaN
         const __half* src = ok ? base + tok * p.v_sn + col : base;
         cp_async_16(dst + r * Tr::kVStride + col * 2, src, ok);
       }
     } else {
       const uint8_t* base = reinterpret_cast<const uint8_t*>(p.v) + bhkv * HEAD_DIM * p.k_pad +
-                            static_cast<int64_t>(kb) * kBlkK;
-      constexpr int kChunks = HEAD_DIM * kBlkK / 16;
+                            static_cast<int64_t>(kb) * kIterK;
+      constexpr int kChunks = HEAD_DIM * kIterK / 16;
       #pragma unroll
       for (int c = tid; c < kChunks; c += kThreads) {
-        const int r = c / (kBlkK / 16), col = (c % (kBlkK / 16)) * 16;
-        cp_async_16(dst + r * Tr::kVStride + col, base + static_cast<int64_t>(r) * p.k_pad + col,
-                    true);
+        const int r = c / (kIterK / 16), col = (c % (kIterK / 16)) * 16;
+        const bool ok = KSUB == 1 || kb * kIterK + col < p.k_pad;
+        cp_async_16(dst + r * Tr::kVStride + col,
+                    ok ? base + static_cast<int64_t>(r) * p.k_pad + col : p.v, ok);
       }
     }
   };
@@ -225,11 +237,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     const uint8_t* cV = sV + (kb & 1) * Tr::kVBytes;
 
     // ---- S = Q K^T (int32) ----
-    int32_t s_i[MT][8][4];
+    int32_t s_i[MT][kNT][4];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < kNT; ++j)
         #pragma unroll
         for (int e = 0; e < 4; ++e) s_i[mt][j][e] = 0;
     #pragma unroll
@@ -240,7 +252,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         for (int mt = 0; mt < MT; ++mt) load_qf(qtmp[mt], mt, kc);
       }
       #pragma unroll
-      for (int np = 0; np < 4; ++np) {
+      for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bk[4];
         const int mi = lane >> 3;
         const int r = np * 16 + (mi >> 1) * 8 + (lane & 7);
@@ -256,20 +268,28 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     }
 
     // ---- dequantize, mask, online softmax (base 2) ----
-    const float ks = p.k_scale[bhkv * p.k_groups +
-                               (p.gran == QuantGran::kPerThread ? kb * 4 + t : kb)];
-    const int k0 = kb * kBlkK;
+    float ks[KSUB];
+    #pragma unroll
+    for (int sub = 0; sub < KSUB; ++sub) {
+      const int blk = kb * KSUB + sub;  // 64-token scale block
+      ks[sub] = (KSUB == 1 || blk < p.k_pad / kBlkK)
+                    ? p.k_scale[bhkv * p.k_groups +
+                                (p.gran == QuantGran::kPerThread ? blk * 4 + t : blk)]
+                    : 1.f;  // past the end: fully masked
+    }
+    const int k0 = kb * kIterK;
     const bool need_mask =
-        (k0 + kBlkK > p.kv_len) || (p.causal && k0 + kBlkK - 1 > q0 + warp_row0);
+        (k0 + kIterK > p.kv_len) || (p.causal && k0 + kIterK - 1 > q0 + warp_row0);
     // s holds the raw integer scores as floats; the dequantization factor dq > 0 is applied to
     // the row max and inside the exp2 FFMA: p = exp2(s * dq - m).
-    float s[MT][8][4];
-    float dqs[MT];
+    float s[MT][kNT][4];
+    float dqs[MT][KSUB];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      dqs[mt] = qs[mt] * ks;
       #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int sub = 0; sub < KSUB; ++sub) dqs[mt][sub] = qs[mt] * ks[sub];
+      #pragma unroll
+      for (int j = 0; j < kNT; ++j)
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float v = s32_to_f32(s_i[mt][j][e]);
@@ -287,8 +307,14 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       for (int r = 0; r < 2; ++r) {
         float mx = -INFINITY;
         #pragma unroll
-        for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-        mx *= dqs[mt];  // scaled per thread first: per_thread scales differ across the quad
+        for (int sub = 0; sub < KSUB; ++sub) {
+          float mraw = -INFINITY;
+          #pragma unroll
+          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+            mraw = fmaxf(mraw, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+          // scaled per thread first: per_thread scales differ across the quad (and sub-blocks)
+          mx = sub == 0 ? mraw * dqs[mt][sub] : fmaxf(mx, mraw * dqs[mt][sub]);
+        }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m_run[mt][r], mx);
@@ -297,16 +323,16 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         m_run[mt][r] = m_new;
         float rowsum = 0.f;
         #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < kNT; ++j)
           #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt], -m_use));
+            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], -m_use));
             s[mt][j][2 * r + e] = pv;
             rowsum += pv;
           }
         l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
         // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
-        if (__all_sync(0xffffffffu, alpha == 1.f)) continue;
+        if (SAGE_SKIP_RESCALE && __all_sync(0xffffffffu, alpha == 1.f)) continue;
         if constexpr (!kAllF16) {
           #pragma unroll
           for (int j = 0; j < kDT; ++j) {
@@ -334,7 +360,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           for (int j = 0; j < kDT; ++j) inner[mt][j][0] = inner[mt][j][1] = 0u;
       }
       #pragma unroll
-      for (int kc = 0; kc < kBlkK / 16; ++kc) {
+      for (int kc = 0; kc < kIterK / 16; ++kc) {
         uint32_t pa[MT][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -395,7 +421,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           for (int j = 0; j < kDT; ++j) innerh[mt][j][0] = innerh[mt][j][1] = 0u;
       }
       #pragma unroll
-      for (int kc = 0; kc < kBlkK / 32; ++kc) {
+      for (int kc = 0; kc < kIterK / 32; ++kc) {
         uint32_t pa[MT][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -501,10 +527,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
 }
 
 // Host side: pick the instantiation and launch on `stream`. Returns the launch error.
-template <int HEAD_DIM, int MT, int NWARPS, bool QREG, PvKind PV, PvAccum ACC, typename OutT>
+template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
+          typename OutT>
 cudaError_t launch_attn(const AttnParams& p, cudaStream_t stream) {
-  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV>;
-  auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, PV, ACC, OutT>;
+  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>;
+  auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, KSUB, PV, ACC, OutT>;
   // Raise the dynamic shared-memory limit once per device (not per call: keeps graph capture
   // free of non-stream API calls after the first use).
   static bool configured[64] = {};

@@ -1,4 +1,15 @@
 // sm89 family: INT8 QK^T + FP8 e4m3 PV attention, head dim 128 (all accumulation modes, fp16/bf16 out).
+// The sm89 family keeps the tile shape its GPU tests and timings ran with (docs/kernels.md);
+// the sm80 family's default (4 warps x 2 m-tiles, Q reloaded) is faster there but spills here.
+#ifndef SAGE_HD128_MT
+#define SAGE_HD128_MT 1
+#endif
+#ifndef SAGE_HD128_WARPS
+#define SAGE_HD128_WARPS 8
+#endif
+#ifndef SAGE_HD128_QREG
+#define SAGE_HD128_QREG 1
+#endif
 #include "../common/attn_dispatch.cuh"
 #include "launchers.h"
 

@@ -1,4 +1,8 @@
 // sm89 family: INT8 QK^T + FP8 e4m3 PV attention, head dim 64 (all accumulation modes, fp16/bf16 out).
+// The sm89 family keeps the tile shape its GPU tests and timings ran with (docs/kernels.md).
+#ifndef SAGE_HD64_QREG
+#define SAGE_HD64_QREG 1
+#endif
 #include "../common/attn_dispatch.cuh"
 #include "launchers.h"
 
