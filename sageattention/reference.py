@@ -113,12 +113,22 @@ def _accumulate(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, chunk: int)
     return acc
 
 
+# V's per-channel amax maps here when P.V accumulates in fp16 inside a K block: a 64-key block then
+# sums to at most 64 * 448 * 2.25 = 64512 < 65504 (fp16's max). csrc/sm89/bindings.cpp uses the same.
+FP8_V_MAX_FP16_INNER = 2.25
+
+
+def fp8_v_max_for(pv_accum_dtype: str) -> float:
+    """The value V's per-channel amax maps to in FP8 PV for this accumulation mode."""
+    return FP8_V_MAX_FP16_INNER if pv_accum_dtype == "fp32+fp16" else FP8_E4M3_MAX
+
+
 def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tensor_layout: str = "HND",
                        is_causal: bool = False, sm_scale: float | None = None,
                        qk_quant_gran: str = "per_thread", smooth_k: bool = True, smooth_v: bool = False,
                        pv_dtype: str = "fp16", pv_accum_dtype: str = "fp32", blkq: int = 128,
                        blkk: int = 64, warpq: int = 32, return_lse: bool = False,
-                       fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float = FP8_E4M3_MAX):
+                       fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float | None = None):
     """Quantized attention exactly as the kernels compute it, in fp32 with fp16/e4m3 rounding emulated.
 
     q: `[B, Hq, Nq, D]` (HND) or `[B, Nq, Hq, D]` (NHD); k, v: the same with Hkv heads and Nk tokens,
@@ -126,9 +136,9 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     pv_dtype "fp16" takes pv_accum_dtype "fp32" | "fp16+fp32" | "fp16"; "fp8" takes "fp32" |
     "fp32+fp32" | "fp32+fp16". Note: the hardware's reduced-precision FP8 fp32 accumulator is not
     emulated ("fp32" and "fp32+fp32" give the same result here).
-    fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to (both 448
-    in architecture.md). With those, an fp16 inner accumulator ("fp32+fp16") overflows: a single
-    P*V product reaches 448 * 448 > 65504; the reference shows that as inf/NaN rather than hiding it.
+    fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to. By default
+    (architecture.md) P * 448 and V's amax -> `fp8_v_max_for(pv_accum_dtype)`: 448, or 2.25 for the fp16
+    inner accumulator of "fp32+fp16", which 448 * 448 > 65504 would overflow (pass 448 to see it).
     Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
     log when return_lse.
     """
@@ -162,6 +172,8 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         v_q = v_s.half().float()
         p_scale, v_scale = 1.0, None
     else:
+        if fp8_v_max is None:
+            fp8_v_max = fp8_v_max_for(pv_accum_dtype)
         v_scale = torch.clamp_min(v_s.abs().amax(dim=2, keepdim=True) / fp8_v_max, SCALE_FLOOR)
         v_q = (v_s / v_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
         p_scale = fp8_p_scale

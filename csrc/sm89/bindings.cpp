@@ -9,6 +9,10 @@ namespace sage::sm89 {
 namespace {
 
 constexpr double kFp8Max = 448.0;
+// With an fp16 inner accumulator ("fp32+fp16") V's amax maps to 2.25, not 448: P (up to 448) times V
+// summed over a 64-key block stays below 64 * 448 * 2.25 = 64512 < 65504 (fp16's max). Same rule as
+// sageattention.reference.fp8_v_max_for.
+constexpr double kFp8VMaxFp16Inner = 2.25;
 
 PvAccum parse_accum(const std::string& a) {
   if (a == "fp32") return PvAccum::kF32;
@@ -32,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
 // V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
 // per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor& v_in, bool hnd,
-                                                                bool smooth_v) {
+                                                                bool smooth_v, double v_max) {
   TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
   TORCH_CHECK(v_in.scalar_type() == at::kHalf || v_in.scalar_type() == at::kBFloat16,
               "v must be float16 or bfloat16, got ", v_in.scalar_type());
@@ -51,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor
     mean = at::empty({0}, v.options().dtype(at::kFloat));
     amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
   }
-  const at::Tensor scale = (amax / kFp8Max).clamp_min(1e-8).contiguous();
+  const at::Tensor scale = (amax / v_max).clamp_min(1e-8).contiguous();
   const int64_t pad = glue::round_up(V.N, 64);
   auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
   QuantFp8Params p{};
@@ -70,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_op(const at::Tensor& v,
                                                               const std::string& tensor_layout,
                                                               bool smooth_v) {
-  return quant_v_fp8_impl(v, glue::parse_layout(tensor_layout), smooth_v);
+  return quant_v_fp8_impl(v, glue::parse_layout(tensor_layout), smooth_v, kFp8Max);
 }
 
 std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
@@ -90,7 +94,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   auto [q_i8, q_scale] = glue::quant_int8(&sm89::quant_int8, q, c10::nullopt, hnd, gran, false,
                                           sm_scale * glue::kLog2e);
   auto [k_i8, k_scale] = glue::quant_int8(&sm89::quant_int8, k, km, hnd, gran, true, 1.0);
-  auto [v8, v_scale, v_mean] = quant_v_fp8_impl(v, hnd, smooth_v);
+  auto [v8, v_scale, v_mean] =
+      quant_v_fp8_impl(v, hnd, smooth_v, accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : kFp8Max);
 
   at::Tensor out = at::empty(q.sizes(), q.options());
   at::Tensor lse = at::empty({return_lse ? Q.B : 0, Q.H, Q.N}, q.options().dtype(at::kFloat));

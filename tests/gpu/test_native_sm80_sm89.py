@@ -24,6 +24,9 @@ SPEC = {
 # Accuracy bars against fp32 SDPA on normal inputs (shared/design.md): (cosine min, rel L1 max).
 BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04)}
 LENGTHS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
+# LSE vs the reference: a one-step INT8 rounding difference (see test_quant_int8_matches_reference)
+# of one Q element moves a row's LSE by ~5e-3 when K is not smoothed; real errors are O(1).
+LSE_ATOL = 1e-2
 
 
 def family(fam: str):
@@ -98,7 +101,7 @@ def test_any_length_matches_reference_and_sdpa(fam, n):
     r_out, r_lse = ref(fam, q, k, v, layout=layout, causal=causal)
     cos, rel, mx = metrics(out, r_out)
     assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
-    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+    assert torch.allclose(lse, r_lse, atol=LSE_ATOL, rtol=0)
     cos, rel, _ = metrics(out, sdpa_fp32(q, k, v, layout=layout, causal=causal))
     if n >= 128:  # the bars are for normal-size inputs; tiny n still checked against the reference
         assert cos >= BARS[fam][0] and rel <= BARS[fam][1], (cos, rel)
@@ -129,17 +132,16 @@ def test_cross_attention_gqa_mqa(fam, nq, nk, hq, hkv, causal):
     r_out, r_lse = ref(fam, q, k, v, causal=causal)
     cos, rel, mx = metrics(out, r_out)
     assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
-    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+    assert torch.allclose(lse, r_lse, atol=LSE_ATOL, rtol=0)
     if nq >= 128:  # one query row is no "normal input" for the statistical bars
         cos, rel, _ = metrics(out, sdpa_fp32(q, k, v, causal=causal))
         assert cos >= BARS[fam][0], cos
 
 
-# sm89's "fp32+fp16" (index 2) is left out: with P scaled by 448 and V's amax mapped to 448, one
-# 64-token block can sum to 64 * 448 * 448, beyond fp16, so it overflows on normal inputs (the
-# reference shows the same inf/NaN). See docs/kernels.md.
+# sm89's "fp32+fp16" (index 2) maps V's amax to 2.25 (not 448) so its fp16 inner sums stay finite;
+# the reference does the same (sageattention.reference.fp8_v_max_for).
 @pytest.mark.parametrize("fam, accum_index",
-                         [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1)])
+                         [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1), ("sm89", 2)])
 @pytest.mark.parametrize("gran", ("per_warp", "per_thread"))
 @pytest.mark.parametrize("smooth", (False, True))
 def test_granularity_accumulation_smoothing(fam, accum_index, gran, smooth):
@@ -154,7 +156,7 @@ def test_granularity_accumulation_smoothing(fam, accum_index, gran, smooth):
     # fp16 accumulators round inside the mma in an order the reference only approximates
     bar = 0.99999 if accum in ("fp32", "fp32+fp32") else 0.9999
     assert cos >= bar and mx < 0.05, (cos, rel, mx)
-    assert torch.allclose(lse, r_lse, atol=2e-3, rtol=1e-4)
+    assert torch.allclose(lse, r_lse, atol=LSE_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("fam", SPEC)
@@ -183,11 +185,13 @@ def test_quant_int8_matches_reference():
             assert xi8.dtype == torch.int8 and not xi8[:, :, 200:].any()  # padding is zero
             src = x.float() - mean[:, :, None] if is_key else x.float()
             r_val, _, r_scale = reference.quantize_int8(src, granularity=gran, is_query=not is_key)
-            assert torch.equal(scale[..., : r_scale.shape[-1]], r_scale), (gran, is_key)
+            # The kernel divides amax by 127; on CUDA, torch turns the reference's division by a
+            # Python scalar into a multiply by 1/127, so scales may differ by an ulp and a value
+            # sitting on a rounding tie may then move by one step. Wrong groups differ by far more.
+            assert torch.allclose(scale[..., : r_scale.shape[-1]], r_scale, rtol=1e-6, atol=0), (gran, is_key)
             diff = (xi8[:, :, :200].float() - r_val).abs()
-            where = diff.nonzero()[:4].tolist()
-            assert diff.max().item() == 0, (gran, is_key, int((diff > 0).sum()), where,
-                                            [(xi8[tuple(w)].item(), r_val[tuple(w)].item()) for w in where])
+            assert diff.max().item() <= 1 and (diff > 0).float().mean().item() < 1e-4, (
+                gran, is_key, int((diff > 0).sum()))
 
 
 def test_quant_v_fp8_layout():

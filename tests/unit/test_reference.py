@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sageattention.reference import (FAMILY_BLOCK_SIZES, quantize_int8, sageattn_reference,
+from sageattention.reference import (FAMILY_BLOCK_SIZES, fp8_v_max_for, quantize_int8, sageattn_reference,
                                      scale_group_ids)
 
 FP16_COS, FP16_L1, FP8_L1 = 0.9998, 0.02, 0.04
@@ -157,14 +157,15 @@ def test_accumulator_modes_round_differently_but_agree():
         assert (outs[a] - outs["fp32"]).abs().max().item() < 5e-3
 
 
-def test_fp8_inner_fp16_accumulator_overflows_with_static_448_scales():
-    """architecture.md's FP8 scales (P * 448, V amax -> 448) overflow an fp16 inner accumulator: the
-    reference must show it (inf/NaN), not hide it. With P * 224 and V amax -> 2.25 it is accurate."""
+def test_fp8_inner_fp16_accumulator_needs_the_small_v_range():
+    """With P * 448, mapping V's amax to 448 overflows an fp16 inner accumulator ("fp32+fp16"): the
+    reference shows it (inf/NaN) when asked to. Its default for that mode maps V's amax to 2.25
+    (architecture.md), which stays finite and accurate."""
     q, k, v = make_qkv()
-    bad = sageattn_reference(q, k, v, pv_dtype="fp8", pv_accum_dtype="fp32+fp16")
+    bad = sageattn_reference(q, k, v, pv_dtype="fp8", pv_accum_dtype="fp32+fp16", fp8_v_max=448.0)
     assert not torch.isfinite(bad).all()
-    good = sageattn_reference(q, k, v, pv_dtype="fp8", pv_accum_dtype="fp32+fp16", fp8_p_scale=224.0,
-                              fp8_v_max=2.25)
+    assert fp8_v_max_for("fp32+fp16") == 2.25 and fp8_v_max_for("fp32+fp32") == 448.0
+    good = sageattn_reference(q, k, v, pv_dtype="fp8", pv_accum_dtype="fp32+fp16")
     ref = sdpa64(q, k, v)
     assert torch.isfinite(good).all()
     assert ((good.double() - ref).abs().sum() / ref.abs().sum()).item() <= FP8_L1
