@@ -38,6 +38,7 @@ UPSTREAM_106_TRITON_TOPS = {
 UPSTREAM_106_GEOMEAN_VS_SDPA = 0.63
 SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64), (1, 32, 16384, 64), (8, 32, 1024, 128))
 COS_MIN, REL_L1_MAX = 0.9998, 0.02
+VARLEN_LENS = [1, 5000, 17, 128, 129, 2047, 64, 3333, 4096, 777]  # ragged: 1 to 5000 tokens
 # Candidate tiles (block_m, block_n, num_warps, num_stages) per padded head dim for --sweep.
 SWEEP = {
     64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4)],
@@ -173,7 +174,7 @@ def accuracy(fh) -> list[dict]:
         del q, k, v, masks
 
     _log("varlen vs per-sequence fp32 SDPA (ragged 1..5000 tokens, GQA 16/4, d=128)", fh)
-    lens = [1, 5000, 17, 128, 129, 2047, 64, 3333, 4096, 777]
+    lens = VARLEN_LENS
     for dtype in (torch.float16, torch.bfloat16):
         for causal in (False, True):
             cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
@@ -294,12 +295,12 @@ def sweep(fh) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON and log")
     parser.add_argument("--sweep", action="store_true", help="try SWEEP's tile configs and time the best")
-    parser.add_argument("--skip-accuracy", action="store_true")
-    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--skip-accuracy", action="store_true", help="no accuracy table")
+    parser.add_argument("--skip-speed", action="store_true", help="no speed table")
     parser.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1),
                         help="processes compiling kernels before the timed run (0: none)")
     args = parser.parse_args(argv)
@@ -333,17 +334,24 @@ def main(argv=None) -> int:
         warm_up(jobs, args.workers, fh)
 
     result = {"environment": env}
+    results_path = out_dir / "triton_gpu_results.json"
+
+    def save():  # after every section, so a run cut short still leaves its figures
+        result["wall_s"] = time.time() - t0
+        results_path.write_text(json.dumps(result, indent=1))
+
     if not args.skip_accuracy:
         result["accuracy"] = accuracy(fh)
+        save()
     configs = None
     if args.sweep:
         best = sweep(fh)
         result["sweep_best"] = {f"d{d}_{'causal' if c else 'full'}": list(cfg) for (d, c), cfg in best.items()}
         configs = best
+        save()
     if not args.skip_speed:
         result["speed"] = speed(fh, configs)
-    result["wall_s"] = time.time() - t0
-    (out_dir / "triton_gpu_results.json").write_text(json.dumps(result, indent=1))
+        save()
 
     # Short table last (the lease's reply shows the end of the output).
     print("\n=== summary ===")

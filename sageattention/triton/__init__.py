@@ -24,6 +24,7 @@ MIN_CAPABILITY = (8, 0)
 MAX_HEAD_DIM = 256
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("HND", "NHD")
+MAX_GRID_YZ = 65535  # CUDA's limit on grid dims y and z, which carry heads and batch
 
 
 def _interpreting() -> bool:
@@ -36,6 +37,8 @@ def is_available(device: torch.device | int | None = None) -> tuple[bool, str]:
         return False, "Triton is not installed (pip install triton)"
     if not torch.cuda.is_available():
         return False, "no CUDA GPU is visible to torch"
+    if getattr(torch.version, "hip", None):
+        return False, "ROCm GPUs are not supported by these kernels (built and tested for NVIDIA)"
     cap = torch.cuda.get_device_capability(device)
     if cap < MIN_CAPABILITY:
         return False, (f"GPU compute capability {cap[0]}.{cap[1]} is below the "
@@ -81,6 +84,14 @@ def _check_qkv(q, k, v, ndim: int, shape_doc: str) -> None:
 def _check_heads(hq: int, hkv: int) -> None:
     if hkv == 0 or hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    if hq > MAX_GRID_YZ:
+        raise ValueError(f"{hq} query heads exceed the {MAX_GRID_YZ} the kernels' launch grid allows")
+
+
+def _check_batch(batch: int) -> None:
+    if batch > MAX_GRID_YZ:
+        raise ValueError(f"batch {batch} exceeds the {MAX_GRID_YZ} the kernels' launch grid allows; "
+                         "split the batch")
 
 
 def _resolve_scale(sm_scale, head_dim: int) -> float:
@@ -114,6 +125,7 @@ def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, a
     batch, hq, n_q, head_dim = q.shape
     if k.shape[0] != batch:
         raise ValueError(f"q and k must have the same batch size, got {batch} and {k.shape[0]}")
+    _check_batch(batch)
     _check_heads(hq, k.shape[1])
     if k.shape[2] == 0:
         raise ValueError("k and v must have at least one token")
@@ -186,6 +198,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if len(cu_q) != len(cu_k):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, "
                          f"got {len(cu_q) - 1} and {len(cu_k) - 1}")
+    _check_batch(len(cu_q) - 1)
     lens_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
     lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     # The kernel sizes its grid from the true maxima; the arguments are only checked.

@@ -39,12 +39,18 @@ class KernelConfig:
             raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
 
 
-def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool) -> KernelConfig:
-    """Default tiles per padded head dim (tuned on an H200 by benchmarks/gpu_dev_triton.py)."""
+def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool,
+                varlen: bool = False) -> KernelConfig:
+    """Default tiles per padded head dim.
+
+    Chosen from ptxas's register/spill report for sm_90 (no spills), not yet from timings:
+    ``benchmarks/gpu_dev_triton.py --sweep`` times the candidates on a GPU.
+    """
     del is_causal  # same tiles so far; kept so tuning can split them without an API change
-    if has_mask and head_dim_padded <= 128:
-        # The mask tile's addresses cost registers: 64-key tiles spill on sm_90 (ptxas -v).
-        return KernelConfig(128, 32, 8, 3)
+    if (has_mask or varlen) and head_dim_padded <= 64:
+        # Mask tiles / per-sequence offsets take registers: with 4 warps these variants reach
+        # ptxas's 255-register cap for sm_90 (24 bytes spilled with a float mask); 8 warps: ~170.
+        return KernelConfig(128, 64, 8, 3)
     if head_dim_padded <= 64:
         return KernelConfig(128, 64, 4, 3)
     if head_dim_padded <= 128:
@@ -54,50 +60,64 @@ def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool) -> Kernel
 
 @triton.jit
 def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_n,
-               n_keys, offs_m, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
+               n_keys, offs_m, offs_ml, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr, BLOCK_N: tl.constexpr,
                EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    """One K block of online softmax. EDGE masks keys past ``n_keys`` (and the causal diagonal)."""
+    """One K block of online softmax. EDGE masks keys past ``n_keys`` (and the causal diagonal).
+
+    ``offs_m``: the tile's query positions (for causal); ``offs_ml``: the same from 0 (addresses).
+    Tile starts enter addresses as int64 scalars, in-tile offsets as int32, so no product overflows.
+    """
     cols = start_n + offs_n
     col_ok = cols < n_keys
+    start64 = tl.cast(start_n, tl.int64)  # tl.cast: the interpreter hands plain ints here
+    k_ptrs = K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None]
     if EDGE:
-        k = tl.load(K_base + cols[None, :] * stride_kn + offs_d[:, None], mask=col_ok[None, :], other=0)
+        k = tl.load(k_ptrs, mask=col_ok[None, :], other=0)
     else:
-        k = tl.load(K_base + cols[None, :] * stride_kn + offs_d[:, None])
+        k = tl.load(k_ptrs)
+    qk = tl.dot(q, k).to(tl.float32)
     if BLOCK_N <= KBLK:
         # The tile lies inside one K scale block: one scalar (a per-column vector costs registers).
-        s = tl.dot(q, k).to(tl.float32) * (tl.load(KS_base + start_n // KBLK) * q_scale)
+        scale = tl.load(KS_base + start_n // KBLK) * q_scale
     else:
-        ks = tl.load(KS_base + cols // KBLK, mask=col_ok, other=0.0)
-        s = tl.dot(q, k).to(tl.float32) * (ks * q_scale)[None, :]
+        scale = (tl.load(KS_base + cols // KBLK, mask=col_ok, other=0.0) * q_scale)[None, :]
     if EDGE:
         keep = col_ok[None, :]
         if IS_CAUSAL:
             keep = keep & (cols[None, :] <= offs_m[:, None])
-        s = tl.where(keep, s, float("-inf"))
-    if MASK_KIND != 0:
-        m_ptrs = M_base + offs_m[:, None] * sm_m + cols[None, :] * sm_n
-        m_ok = (offs_m < n_queries)[:, None] & col_ok[None, :]
-        if MASK_KIND == 1:
-            mk = tl.load(m_ptrs, mask=m_ok, other=0)
-            s = tl.where(mk != 0, s, float("-inf"))
-        else:
-            add = tl.load(m_ptrs, mask=m_ok, other=float("-inf")).to(tl.float32)
-            # Natural-log units to base 2; a huge finite value stays finite (SDPA then weighs such
-            # keys equally) while -inf stays a hard mask.
-            add = tl.where(add == float("-inf"), add, tl.maximum(add * 1.4426950408889634, -FLT_MAX))
-            s = s + add
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    if MASK_KIND != 0:
-        # A row with no visible key so far keeps m = -inf; subtract 0 instead to avoid inf - inf.
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        qk = tl.where(keep, qk, float("-inf"))
+    if MASK_KIND == 0 and BLOCK_N <= KBLK:
+        # Scale folded into the exponent (one FMA per score); it is positive, so the row max
+        # commutes with it. Every row sees at least one key here, so m stays finite.
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale)
+        p = tl.exp2(qk * scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
     else:
-        m_use = m_new
-    p = tl.exp2(s - m_use[:, None])
-    alpha = tl.exp2(m_i - m_use)
+        s = qk * scale
+        if MASK_KIND != 0:
+            m_ptrs = M_base + start64 * sm_n + offs_ml[:, None] * sm_m + offs_n[None, :] * sm_n
+            m_ok = (offs_m < n_queries)[:, None] & col_ok[None, :]
+            if MASK_KIND == 1:
+                mk = tl.load(m_ptrs, mask=m_ok, other=0)
+                s = tl.where(mk != 0, s, float("-inf"))
+            else:
+                add = tl.load(m_ptrs, mask=m_ok, other=float("-inf")).to(tl.float32)
+                # Natural-log units to base 2; a huge finite value stays finite (SDPA then weighs
+                # such keys equally) while -inf stays a hard mask.
+                add = tl.where(add == float("-inf"), add, tl.maximum(add * 1.4426950408889634, -FLT_MAX))
+                s = s + add
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASK_KIND != 0:
+            # A row with no visible key so far keeps m = -inf; subtract 0 instead of inf - inf.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    v_ptrs = V_base + cols[:, None] * stride_vn + offs_d[None, :]
+    v_ptrs = V_base + start64 * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :]
     if HEAD_DIM == D:
         if EDGE:
             v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
@@ -111,7 +131,7 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
 
 @triton.jit
 def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_m, n_keys,
-               offs_m, offs_n, offs_d,
+               offs_m, offs_ml, offs_n, offs_d,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
     """Unmasked (or causal) attention of one Q tile: full K blocks first, then the edge blocks."""
@@ -126,12 +146,12 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
         mid = (n_keys // BLOCK_N) * BLOCK_N
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base, 0, 0, 0,
-                                   HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0)
+                                   stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
+                                   0, 0, 0, HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base, 0, 0, 0,
-                                   HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0)
+                                   stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
+                                   0, 0, 0, HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0)
     return acc, l_i, m_i
 
 
@@ -154,16 +174,18 @@ def _attn_fwd_kernel(
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
         pid_m = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
     kvh = h // group
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m64 = start_m.to(tl.int64)
+    offs_ml = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_ml
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
 
     # The int8 Q buffer is padded to whole 128-token blocks and D columns: no load mask needed.
-    q = tl.load(Q8 + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :])
+    q = tl.load(Q8 + b * sq_b + h * sq_h + start_m64 * sq_n + offs_ml[:, None] * sq_n + offs_d[None, :])
     q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
     K_base = K8 + b * sk_b + kvh * sk_h
     V_base = V + b * sv_b + kvh * sv_h
@@ -173,26 +195,26 @@ def _attn_fwd_kernel(
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        M_base = MASK + b * sm_b + h * sm_h
+        M_base = MASK + b * sm_b + h * sm_h + start_m64 * sm_m
         B_base = BMAP + b * sb_b + h * sb_h + pid_m * sb_m
         for start_n in range(0, n_keys, BLOCK_N):
             # Blocks whose every (query, key) pair is masked are skipped without loading K or V.
             if tl.load(B_base + (start_n // BLOCK_N) * sb_n) != 0:
                 acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, sk_n,
-                                           sv_n, start_n, n_keys, offs_m, offs_n, offs_d,
+                                           sv_n, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d,
                                            M_base, sm_m, sm_n, n_queries,
                                            HEAD_DIM, D, KBLK, BLOCK_N, True, False, MASK_KIND)
         # Rows with every key masked: output 0 (as SDPA's math path in recent torch), LSE -inf.
         inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     else:
         acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, n_keys,
-                                   offs_m, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
+                                   offs_m, offs_ml, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
                                    IS_CAUSAL)
         inv_l = 1.0 / l_i
 
     out = acc * inv_l[:, None]
     row_ok = offs_m < n_queries
-    o_ptrs = Out + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_d[None, :]
+    o_ptrs = Out + b * so_b + h * so_h + start_m64 * so_n + offs_ml[:, None] * so_n + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
     if RETURN_LSE:
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453

@@ -51,7 +51,7 @@ def _quant_block_kernel(
     ``CORR[b, h, n] = corr_mult * q[n] . CORR_MEAN[b, h // corr_group]`` (the LSE correction).
     """
     blk = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2)
     if VARLEN:
         start = tl.load(X_CU + b).to(tl.int64)
@@ -68,11 +68,14 @@ def _quant_block_kernel(
     if blk * BLK >= limit:
         return
 
-    offs_n = blk * BLK + tl.arange(0, BLK)
+    offs_l = tl.arange(0, BLK)
+    offs_n = blk * BLK + offs_l
+    row0 = (blk * BLK).to(tl.int64)  # tile start in addresses as int64, in-tile offsets as int32
     offs_d = tl.arange(0, D)
     d_ok = offs_d < HEAD_DIM
     valid = (offs_n < seq_len)[:, None] & d_ok[None, :]
-    x = tl.load(x_base + offs_n[:, None] * sx_n + offs_d[None, :], mask=valid, other=0.0).to(tl.float32)
+    x_ptrs = x_base + row0 * sx_n + offs_l[:, None] * sx_n + offs_d[None, :]
+    x = tl.load(x_ptrs, mask=valid, other=0.0).to(tl.float32)
     if HAS_CORR:
         km = tl.load(CORR_MEAN + (b * (heads // corr_group) + h // corr_group) * HEAD_DIM + offs_d,
                      mask=d_ok, other=0.0)
@@ -90,8 +93,15 @@ def _quant_block_kernel(
     scale = tl.maximum(tl.div_rn(amax, 127.0), SCALE_FLOOR)
     xq = _round_half_even(tl.div_rn(x, scale))
     xq = tl.minimum(tl.maximum(xq, -127.0), 127.0).to(tl.int8)
-    tl.store(o_base + offs_n[:, None] * so_n + offs_d[None, :], xq, mask=(offs_n < limit)[:, None])
+    tl.store(o_base + row0 * so_n + offs_l[:, None] * so_n + offs_d[None, :], xq,
+             mask=(offs_n < limit)[:, None])
     tl.store(SCALE + (b * heads + h) * n_scale_blocks + blk, scale)
+
+
+def _quant_warps(block: int, dp: int) -> int:
+    # One program holds block x dp fp32 values: 32 a thread keeps registers low (~56 on sm_90),
+    # so several programs per SM keep enough loads in flight for this memory-bound kernel.
+    return max(4, min(16, block * dp // 1024))
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -134,7 +144,7 @@ def quantize_dense(x: torch.Tensor, *, block: int, pad_to: int, scale_mult: floa
         h, n, n_pad, n_blocks, scale_mult, corr_mult, corr_group,
         HEAD_DIM=d, D=dp, BLK=block, VARLEN=False,
         HAS_MEAN=mean is not None, HAS_CORR=corr is not None,
-        num_warps=4 if dp <= 64 else 8,
+        num_warps=_quant_warps(block, dp),
     )
     return out, scale, corr
 
@@ -160,7 +170,7 @@ def quantize_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, 
         0, out.stride(1), out.stride(0),
         h, 0, 0, n_blocks, scale_mult, 0.0, 1,
         HEAD_DIM=d, D=dp, BLK=block, VARLEN=True, HAS_MEAN=mean is not None, HAS_CORR=False,
-        num_warps=4 if dp <= 64 else 8,
+        num_warps=_quant_warps(block, dp),
     )
     return out, scale
 

@@ -24,7 +24,7 @@ def _varlen_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2)
     q_start = tl.load(CU_Q + b).to(tl.int64)
     q_len = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b))
@@ -34,22 +34,25 @@ def _varlen_fwd_kernel(
     k_start = tl.load(CU_K + b).to(tl.int64)
     k_len = tl.load(CU_K + b + 1) - tl.load(CU_K + b)
     kvh = h // group
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_ml = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_ml
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     row_ok = offs_m < q_len
+    row0 = q_start + start_m  # int64: tile starts in addresses, int32 offsets inside the tile
 
-    q = tl.load(Q8 + (q_start + offs_m)[:, None] * sq_n + h * sq_h + offs_d[None, :],
+    q = tl.load(Q8 + row0 * sq_n + h * sq_h + offs_ml[:, None] * sq_n + offs_d[None, :],
                 mask=row_ok[:, None], other=0)
     q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
     K_base = K8 + k_start * sk_n + kvh * sk_h
     V_base = V + k_start * sv_n + kvh * sv_h
     KS_base = KS + (b * (n_heads // group) + kvh) * n_k_scales
     acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, k_len,
-                               offs_m, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL)
+                               offs_m, offs_ml, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
+                               IS_CAUSAL)
     # A sequence with queries but no keys gives zeros rather than 0/0.
     out = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
-    o_ptrs = Out + (q_start + offs_m)[:, None] * so_n + h * so_h + offs_d[None, :]
+    o_ptrs = Out + row0 * so_n + h * so_h + offs_ml[:, None] * so_n + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
@@ -61,7 +64,7 @@ def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
     kv_heads = k.shape[1]
     batch = cu_seqlens_q.numel() - 1
     dp = quant.padded_head_dim(head_dim)
-    cfg = config or pick_config(dp, is_causal, False)
+    cfg = config or pick_config(dp, is_causal, False, varlen=True)
     if total_q == 0 or batch == 0:
         return torch.empty((total_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     if k.shape[0] == 0:

@@ -196,3 +196,21 @@ def test_long_sequence_no_nan():
     for causal in (False, True):
         out, _ = st.attention(q, k, v, tensor_layout="HND", is_causal=causal)
         assert torch.isfinite(out).all()
+
+
+def test_public_api_runs_these_kernels_with_a_mask_and_varlen():
+    _triton()
+    import sageattention
+    from sageattention.dispatch import last_backend
+    q, k, v = _qkv(2, 8, 4, 1000, 1200, 128, torch.bfloat16, seed=21)
+    mask = torch.rand(2, 1, 1000, 1200, device="cuda") > 0.3
+    out = sageattention.sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", attn_mask=mask)
+    assert last_backend() == "triton-fp16"
+    _assert_bars(out, _sdpa32(q, k, v, mask=mask), "public API with bool mask")
+    cu = torch.tensor([0, 300, 1000], dtype=torch.int32, device="cuda")
+    qp, kp, vp = (torch.randn(1000, h, 64, device="cuda").half() for h in (8, 2, 2))
+    out = sageattention.sageattn_varlen(qp, kp, vp, cu, cu, 700, 700, is_causal=True)
+    assert last_backend() == "triton-fp16"
+    for a, b in ((0, 300), (300, 1000)):
+        qi, ki, vi = (t[a:b].transpose(0, 1)[None] for t in (qp, kp, vp))
+        _assert_bars(out[a:b].transpose(0, 1)[None], _sdpa32(qi, ki, vi, is_causal=True), f"varlen {a}:{b}")

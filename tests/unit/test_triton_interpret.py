@@ -96,6 +96,7 @@ def _worker() -> dict:
         "fp16_d64_causal_long_q": dict(b=1, hq=2, hkv=2, nq=300, nk=90, d=64, causal=True, dtype=torch.float16),
         "bf16_d64": dict(b=1, hq=2, hkv=1, nq=129, nk=129, d=64, causal=False, dtype=torch.bfloat16),
         "fp16_d40_odd_head_dim": dict(b=1, hq=1, hkv=1, nq=70, nk=90, d=40, causal=False, dtype=torch.float16),
+        "fp16_d256_causal": dict(b=1, hq=1, hkv=1, nq=70, nk=90, d=256, causal=True, dtype=torch.float16),
     }
     res["dense"] = {}
     for name, c in cases.items():
@@ -156,9 +157,18 @@ def _worker() -> dict:
         "bool_1d_key_mask": (pad[1, 0, 0].clone(), torch.float16),
     }
     res["mask"] = {}
+    huge = torch.zeros(nq, nk)
+    huge[9] = torch.finfo(torch.float32).min  # finite: SDPA then weighs the row's keys equally
+    masks["float32_additive_finfo_min_row"] = (huge, torch.float16)
     for name, (mask, dtype) in masks.items():
         qq, kk, vv = q.to(dtype), k.to(dtype), v.to(dtype)
-        out, lse = st.attention(qq, kk, vv, tensor_layout="HND", attn_mask=mask, return_lse=True)
+        v_kernel = vv
+        if name == "bool_empty_rows_and_tiles":
+            # Keys 64..127 are masked for every query: that key tile must be skipped, never loaded,
+            # so NaN values there cannot reach the output (0 * NaN would).
+            v_kernel = vv.clone()
+            v_kernel[:, :, 64:128] = float("nan")
+        out, lse = st.attention(qq, kk, v_kernel, tensor_layout="HND", attn_mask=mask, return_lse=True)
         sd = _sdpa64(qq, kk, vv, attn_mask=mask)
         entry = {"vs_sdpa": _metrics(out, sd)}
         if name == "bool_empty_rows_and_tiles":
@@ -167,6 +177,8 @@ def _worker() -> dict:
             entry["sdpa_empty_row_zero"] = bool((sd[:, :, 5] == 0).all())
         if name == "float16_additive_with_neg_inf":
             entry["empty_row_out_zero"] = bool((out[:, :, 7] == 0).all())
+        if name == "float32_additive_finfo_min_row":
+            entry["finfo_min_row"] = _metrics(out[:, :, 9], sd[:, :, 9])
         res["mask"][name] = entry
     # NHD with a mask: the mask stays [B, H, Nq, Nk] as in SDPA.
     o_nhd, _ = st.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), tensor_layout="NHD",
@@ -241,7 +253,7 @@ def test_quantization_matches_reference_exactly(interp):
 
 @pytest.mark.parametrize("case", ["fp16_d64_gqa_cross", "fp16_d32_causal_square",
                                   "fp16_d128_causal_mqa_long_k", "fp16_d64_causal_long_q", "bf16_d64",
-                                  "fp16_d40_odd_head_dim"])
+                                  "fp16_d40_odd_head_dim", "fp16_d256_causal"])
 def test_dense_accuracy(interp, case):
     r = interp["dense"][case]
     assert r["shape_ok"] and r["lse_shape_ok"]
@@ -265,10 +277,13 @@ def test_layouts_scale_and_smoothing(interp):
 
 @pytest.mark.parametrize("name", ["bool_random_bcast_heads", "bool_padding", "bool_empty_rows_and_tiles",
                                   "float32_additive_fp16_inputs", "float32_additive_bf16_inputs",
-                                  "float16_additive_with_neg_inf", "bool_1d_key_mask"])
+                                  "float16_additive_with_neg_inf", "bool_1d_key_mask",
+                                  "float32_additive_finfo_min_row"])
 def test_masks_match_sdpa(interp, name):
     r = interp["mask"][name]
-    _bars(r["vs_sdpa"])
+    _bars(r["vs_sdpa"])  # for "bool_empty_rows_and_tiles": with NaN in the skipped tile's V
+    if "finfo_min_row" in r:
+        _bars(r["finfo_min_row"])
     if "empty_row_out_zero" in r:
         assert r["empty_row_out_zero"]
     if "empty_row_lse_neg_inf" in r:
@@ -314,10 +329,11 @@ def _qkv(b=1, hq=2, hkv=2, nq=8, nk=8, d=16, dtype=torch.float16):
     (dict(mask_dtype=torch.int32), TypeError, "bool or a float"),
     (dict(d=300), ValueError, "head dim"),
     (dict(nk=0), ValueError, "at least one token"),
+    (dict(b=70000), ValueError, "launch grid"),
 ])
 def test_attention_rejects_bad_arguments(st, change, exc, words):
-    q, k, v = _qkv(hq=change.get("hq", 2), hkv=change.get("hkv", 2), d=change.get("d", 16),
-                   nk=change.get("nk", 8))
+    q, k, v = _qkv(b=change.get("b", 1), hq=change.get("hq", 2), hkv=change.get("hkv", 2),
+                   d=change.get("d", 16), nk=change.get("nk", 8), nq=1 if "b" in change else 8)
     if "q_dtype" in change:
         q = q.to(change["q_dtype"])
     if "nk_v" in change:
@@ -381,6 +397,19 @@ def test_block_map_marks_live_tiles():
     kind, view, bmap = prepare_mask(add, 2, 2, 5, 70, 128, 64)
     assert kind == MASK_ADD and view.dtype == torch.float32 and view.stride() == (0, 0, 0, 1)
     assert bmap.tolist() == [[[[1, 0]]] * 2] * 2
+
+
+@pytest.mark.parametrize("cap, ok", [((7, 5), False), ((8, 0), True), ((9, 0), True)])
+def test_is_available_follows_compute_capability(monkeypatch, cap, ok):
+    import sageattention.triton as st
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    got, reason = st.is_available()
+    assert got is ok
+    assert f"{cap[0]}.{cap[1]}" in reason
+    if not ok:
+        assert "8.0" in reason
 
 
 def test_is_available_reports_a_reason():
