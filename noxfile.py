@@ -6,7 +6,10 @@
 """
 
 # /// script
-# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "packaging>=23", "auditwheel; sys_platform == 'linux'"]
+# dependencies = [
+#   "nox>=2025.2.9", "pyyaml>=6", "packaging>=23",
+#   "auditwheel; sys_platform == 'linux'", "delvewheel; sys_platform == 'win32'",
+# ]
 # ///
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from scripts.factory import cli, matrix  # noqa: E402
+from scripts.factory.errors import FactoryError  # noqa: E402
 
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests"]
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
-MATRIX = matrix.load_matrix()  # a broken matrix stops here with its problems listed
+try:
+    MATRIX = matrix.load_matrix()
+except FactoryError as _exc:  # a broken matrix stops here, its problems listed, no traceback
+    sys.exit(f"noxfile.py cannot register sessions: {_exc}")
 
 
 def _call(session: nox.Session, main, argv: list[str]) -> None:

@@ -11,6 +11,7 @@ torch versions; only each family's bindings .cpp is compiled against torch.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -29,10 +30,11 @@ from scripts.factory.labels import base_version  # noqa: E402
 
 # Commands that produce a wheel or an install need the full toolchain; metadata-only and
 # sdist commands must work without torch or nvcc (an sdist is version BASE_VERSION, no label).
-BUILD_COMMANDS = {"bdist_wheel", "build", "build_ext", "build_py", "dist_info", "install",
-                  "develop", "editable_wheel"}
-commands = {arg for arg in sys.argv[1:] if not arg.startswith("-")}
-building = bool(commands & BUILD_COMMANDS) and "sdist" not in commands
+COMPILE_COMMANDS = {"bdist_wheel", "build", "build_ext", "build_py", "install", "develop",
+                    "editable_wheel"}
+commands = set(sys.argv[1:])  # option values in here are harmless: only names are compared
+building = bool(commands & (COMPILE_COMMANDS | {"dist_info"})) and "sdist" not in commands
+compiling = bool(commands & COMPILE_COMMANDS) and "sdist" not in commands
 
 config = None
 if building:
@@ -41,8 +43,11 @@ if building:
     except FactoryError as exc:
         sys.exit(f"\nerror: cannot build sageattention's CUDA kernels:\n{exc}\n")
     print(config.describe(), flush=True)
+    # torch's extension builder must use the toolkit our kernel objects were compiled with.
+    os.environ.setdefault("CUDA_HOME", str(kernels.cuda_home_of(config.nvcc)))
 
 
+@functools.lru_cache(maxsize=1)  # one build date for every place it is written
 def build_info_json() -> str:
     info = buildinfo.make_build_info(
         version=config.version, local_label=str(config.label), targets=config.targets,
@@ -67,7 +72,8 @@ class BuildPyWithInfo(build_py):
 
 
 def extensions_and_commands():
-    if config is None:
+    # Metadata only (dist_info) needs the version, not torch's build machinery.
+    if config is None or not compiling:
         return [], {"build_py": BuildPyWithInfo}
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 

@@ -65,8 +65,9 @@ def build_cell(plan: CellPlan, *, jobs: int, out_dir: Path = WHEELHOUSE,
     raw_dir.mkdir(parents=True)
     env = {**os.environ, TARGETS_ENV: ";".join(cell.sm_targets), CELL_ENV: cell.id,
            "MAX_JOBS": str(jobs)}
-    env.setdefault("CUDA_HOME", str(Path(kernels.find_nvcc(env) or "/usr/local/cuda/bin/nvcc")
-                                    .parent.parent))
+    nvcc = kernels.find_nvcc(env)
+    if nvcc is not None and not env.get("CUDA_HOME"):
+        env["CUDA_HOME"] = str(kernels.cuda_home_of(nvcc))
     _run([python, "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps", "-v",
           "-w", str(raw_dir)], "the wheel build", env=env, log=log)
     built = sorted(raw_dir.glob("*.whl"))
@@ -76,9 +77,11 @@ def build_cell(plan: CellPlan, *, jobs: int, out_dir: Path = WHEELHOUSE,
     out_dir.mkdir(parents=True, exist_ok=True)
     before = set(out_dir.glob("*.whl"))
     if plan.repair:
-        torch_lib = Path(subprocess.run(
-            [str(python), "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
-            capture_output=True, text=True).stdout.strip()) / "lib"
+        torch_lib = None
+        if cell.os == "windows":  # delvewheel must be told where torch's DLLs are
+            torch_lib = Path(subprocess.run(
+                [str(python), "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
+                capture_output=True, text=True).stdout.strip()) / "lib"
         _run(repair.repair_command(cell.os, raw, out_dir, torch_lib=torch_lib,
                                    prefix=repair.repair_prefix(cell.os)),
              f"{repair.repair_tool(cell.os)} repair", log=log)

@@ -16,10 +16,18 @@ from typing import Iterable, Mapping
 
 from . import arch, kernels, repair
 
-_PROBE = ("import sys, platform\n"
-          "print(platform.python_version())\n"
-          "try:\n    import torch\n    print(torch.__version__); print(torch.version.cuda)\n"
-          "except Exception:\n    print('none'); print('none')\n")
+# Reads torch/version.py instead of importing torch: a torch import costs seconds per probe.
+_PROBE = """\
+import importlib.util, platform, re
+print(platform.python_version())
+spec = importlib.util.find_spec("torch")
+ns = {}
+if spec and spec.submodule_search_locations:
+    path = list(spec.submodule_search_locations)[0] + "/version.py"
+    exec(open(path).read(), ns)
+print(ns.get("__version__") or "none")
+print(ns.get("cuda") or "none")
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +64,21 @@ def probe_interpreter(path: str) -> Interpreter | None:
                        None if cuda == "none" else cuda)
 
 
+def find_python(version: str) -> str | None:
+    """``python3.X`` on PATH; on Windows also the ``py -3.X`` launcher."""
+    exe = shutil.which(f"python{version}")
+    if exe or sys.platform != "win32" or not shutil.which("py"):
+        return exe
+    out = subprocess.run(["py", f"-{version}", "-c", "import sys; print(sys.executable)"],
+                         capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def detect_host(pythons: Iterable[str], env: Mapping[str, str] = os.environ) -> Host:
     """Probe $SAGEATTENTION_BUILD_PYTHON, this interpreter, and ``python3.X`` on PATH."""
     os_name = "windows" if sys.platform == "win32" else "linux"
     candidates = [env.get(BUILD_PYTHON_ENV), sys.executable]
-    candidates += [shutil.which(f"python{v}") for v in sorted(set(pythons))]
+    candidates += [find_python(v) for v in sorted(set(pythons))]
     found: dict[str, list[Interpreter]] = {}
     seen: set[str] = set()
     for exe in candidates:

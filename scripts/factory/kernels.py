@@ -196,6 +196,20 @@ def find_nvcc(env: os._Environ | dict = os.environ) -> Path | None:
     return Path(found) if found else None
 
 
+def cuda_home_of(nvcc: Path) -> Path:
+    """The toolkit folder of an nvcc, also when ``nvcc`` on PATH is a wrapper script (as
+    /usr/local/bin/nvcc is on some images): nvcc's dry run names its own bin/ folder."""
+    guess = nvcc.resolve().parent.parent
+    if (guess / "include" / "cuda_runtime.h").is_file():
+        return guess
+    dry = subprocess.run([str(nvcc), "--dryrun", "-x", "cu", "-c", os.devnull],
+                         capture_output=True, text=True)
+    for line in (dry.stdout + dry.stderr).splitlines():
+        if line.startswith("#$ _HERE_="):
+            return Path(line.split("=", 1)[1].strip()).parent
+    return guess
+
+
 def nvcc_identity(nvcc: Path) -> str:
     """The full ``nvcc --version`` text: part of every cache key."""
     return subprocess.run([str(nvcc), "--version"], capture_output=True, text=True,

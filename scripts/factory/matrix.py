@@ -31,6 +31,10 @@ GROUP_KEYS = {"name": "group name", "os": "linux/windows", "python": "'3.12'",
               "torch": "'2.12.0'", "cuda": "'13.0'", "sm": "SM targets",
               "runners": "per-group runner override"}
 REQUIRED_GROUP_KEYS = ("os", "python", "torch", "cuda", "sm")
+# Names people reach for first, mapped to ours (checked before fuzzy matching).
+KEY_ALIASES = {"arch": "sm", "archs": "sm", "sms": "sm", "targets": "sm", "sm_targets": "sm",
+               "platform": "os", "pythons": "python", "cuda_version": "cuda",
+               "torch_version": "torch", "schema_version": "version"}
 
 
 def _unknown_keys(found: Mapping, allowed: Mapping, where: str) -> list[str]:
@@ -38,7 +42,9 @@ def _unknown_keys(found: Mapping, allowed: Mapping, where: str) -> list[str]:
     for key in found:
         if key in allowed:
             continue
-        hint = difflib.get_close_matches(str(key), list(allowed), n=1)
+        alias = KEY_ALIASES.get(str(key))
+        hint = [alias] if alias in allowed else difflib.get_close_matches(str(key), list(allowed),
+                                                                          n=1)
         did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
         problems.append(f"{where}: unknown key {key!r}{did_you_mean} "
                         f"(accepted: {', '.join(allowed)})")

@@ -10,6 +10,7 @@ what to set.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import platform as _platform
 import re
@@ -35,19 +36,35 @@ class TorchFacts:
     gpu_capabilities: tuple[tuple[int, int], ...]
 
 
-def probe_torch() -> TorchFacts:
-    try:
-        import torch
-    except ImportError as exc:
+def torch_version_facts() -> tuple[str, str | None]:
+    """(torch.__version__, torch.version.cuda) read from torch/version.py without importing
+    torch, which takes seconds (and much longer on a loaded 2-core builder)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
         raise ToolchainError(
             "torch is not importable in the build environment. Install a CUDA build of torch "
             "first, then build without isolation so the build sees it:\n"
-            "    pip install torch\n    pip install --no-build-isolation <this package>\n"
-            f"(import error: {exc})") from exc
+            "    pip install torch\n    pip install --no-build-isolation <this package>")
+    namespace: dict = {}
+    version_py = Path(list(spec.submodule_search_locations)[0]) / "version.py"
+    exec(compile(version_py.read_text("utf-8"), str(version_py), "exec"), namespace)
+    return str(namespace["__version__"]), namespace.get("cuda")
+
+
+def probe_torch(need_gpus: bool = True) -> TorchFacts:
+    """torch's version and CUDA; the visible GPUs only when asked (that needs torch itself)."""
+    version, cuda = torch_version_facts()
     caps: tuple[tuple[int, int], ...] = ()
-    if torch.version.cuda and torch.cuda.is_available():
-        caps = tuple(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
-    return TorchFacts(torch.__version__, torch.version.cuda, caps)
+    if need_gpus and cuda:
+        try:
+            import torch
+        except ImportError as exc:
+            raise ToolchainError(f"torch {version} is installed but does not import: {exc}") \
+                from exc
+        if torch.cuda.is_available():
+            caps = tuple(torch.cuda.get_device_capability(i)
+                         for i in range(torch.cuda.device_count()))
+    return TorchFacts(version, cuda, caps)
 
 
 def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
@@ -59,14 +76,17 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
         except ValueError as exc:
             raise ToolchainError(f"{TARGETS_ENV}={env[TARGETS_ENV]!r}: {exc}") from None
     if env.get("TORCH_CUDA_ARCH_LIST"):
-        parts = []
+        parts, notes = [], []
         for item in re.split(r"[;\s]+", env["TORCH_CUDA_ARCH_LIST"].strip()):
-            match = re.fullmatch(r"(\d+)\.(\d+)(\+PTX)?", item)
+            match = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", item)
             if match is None:
                 raise ToolchainError(f"TORCH_CUDA_ARCH_LIST item {item!r} is not like '8.0' or "
                                      f"'9.0+PTX'; or set {TARGETS_ENV}='sm80;sm90+PTX' instead")
-            parts.append(f"sm{match[1]}{match[2]}" + (match[3] or ""))
-        return parse_targets(";".join(parts)), "TORCH_CUDA_ARCH_LIST"
+            if match[3]:  # no arch-specific (sm_90a) kernels yet: the plain target serves it
+                notes.append(f"{item} built as sm{match[1]}{match[2]}")
+            parts.append(f"sm{match[1]}{match[2]}" + (match[4] or ""))
+        where = "TORCH_CUDA_ARCH_LIST" + (f" ({', '.join(notes)})" if notes else "")
+        return parse_targets(";".join(parts)), where
     if caps:
         return parse_targets(";".join(f"sm{a}{b}" for a, b in caps)), "the visible GPU(s)"
     raise ToolchainError(
@@ -124,10 +144,11 @@ def host_os() -> str:
 
 
 def resolve(env: Mapping[str, str] = os.environ,
-            torch_facts: Callable[[], TorchFacts] = probe_torch,
+            torch_facts: Callable[[bool], TorchFacts] = probe_torch,
             find_nvcc: Callable[[Mapping[str, str]], Path | None] = kernels.find_nvcc,
             nvcc_identity: Callable[[Path], str] = kernels.nvcc_identity) -> SourceBuild:
-    facts = torch_facts()
+    # GPUs decide the targets only when no target list is set.
+    facts = torch_facts(not (env.get(TARGETS_ENV) or env.get("TORCH_CUDA_ARCH_LIST")))
     if not facts.cuda:
         raise ToolchainError(
             f"torch {facts.version} is a CPU-only build; sageattention's kernels need a CUDA "

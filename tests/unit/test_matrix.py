@@ -63,6 +63,8 @@ def test_unknown_keys_get_a_did_you_mean():
     found = problems_of(data)
     assert any("'pyhton'" in p and "did you mean 'python'" in p for p in found)
     assert any("'runers'" in p and "did you mean 'runners'" in p for p in found)
+    data["cells"][0]["archs"] = ["sm80"]
+    assert any("'archs'" in p and "did you mean 'sm'" in p for p in problems_of(data))
 
 
 @pytest.mark.parametrize("change, field, words", [
@@ -144,3 +146,17 @@ def test_factory_cli_runs_as_a_module():
                             text=True)
     assert result.returncode == 0, result.stderr
     assert "OK" in result.stdout
+
+
+def test_nox_registers_sessions_from_the_matrix():
+    pytest.importorskip("nox", reason="needs nox")
+    result = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    # "* name -> doc" (selected by default) or "- name -> doc"
+    names = {line[2:].split(" ")[0] for line in result.stdout.splitlines()
+             if line[:2] in ("* ", "- ")}
+    sms = matrix.load_matrix(ROOT / "build_matrix.yaml").sms()
+    assert {f"build-sm{sm}" for sm in sms} <= names
+    assert {f"validate-sm{sm}" for sm in sms} <= names
+    assert {"matrix", "tests", "lint", "notes", "release"} <= names

@@ -98,7 +98,7 @@ def test_cxx_standard_is_a_property_of_the_torch_version():
 
 
 def _facts(version="2.14.1+cu130", cuda="13.0", caps=()):
-    return lambda: source_build.TorchFacts(version, cuda, caps)
+    return lambda need_gpus: source_build.TorchFacts(version, cuda, caps)
 
 
 def _resolve(env, **kw):
@@ -114,6 +114,10 @@ def test_source_build_targets_from_env_and_gpu(monkeypatch):
     assert cfg.torch_requirement == "torch==2.14.*" and cfg.cxx_std == "c++20"
     assert [b.family.name for b in cfg.builds] == ["sm80", "sm89"]
     assert _resolve({"TORCH_CUDA_ARCH_LIST": "7.5+PTX"}).targets == (Target(75, True),)
+    hopper = _resolve({"TORCH_CUDA_ARCH_LIST": "9.0a"})  # as set on the H200 runner
+    assert hopper.targets == (Target(90),) and "9.0a built as sm90" in hopper.targets_from
+    with pytest.raises(ToolchainError, match="TORCH_CUDA_ARCH_LIST item 'Ampere'"):
+        _resolve({"TORCH_CUDA_ARCH_LIST": "Ampere"})
     gpu = _resolve({}, facts=_facts(caps=((8, 6),)))
     assert gpu.targets == (Target(86),) and gpu.targets_from == "the visible GPU(s)"
 
@@ -134,6 +138,13 @@ def test_source_build_failures_say_what_to_set(monkeypatch):
     here = f"linux-cp{sys.version_info.major}{sys.version_info.minor}-torch2.14-cu130-sm80"
     assert _resolve({"SAGEATTENTION_SM_TARGETS": "sm80",
                      "SAGEATTENTION_CELL": here}).cell_id == here
+
+
+def test_torch_version_is_read_without_importing_torch():
+    pytest.importorskip("torch", reason="needs torch installed")
+    import torch
+
+    assert source_build.torch_version_facts() == (torch.__version__, torch.version.cuda)
 
 
 def test_jobs_setting():
@@ -189,3 +200,33 @@ def test_failed_compile_names_the_source(tmp_path):
         kernels.compile_family(arch.FamilyBuild(fam, (80,), ()), nvcc=nvcc, nvcc_id="x",
                                jobs=1, cache_dir=tmp_path / "c", root=root, log=lambda s: None)
     assert os.listdir(tmp_path / "c" / "fam") == []
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvcc is a shell script")
+def test_cuda_home_found_through_a_wrapper_script(tmp_path):
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    real = toolkit / "bin" / "nvcc"
+    real.write_text(f"#!/bin/sh\necho '#$ _HERE_={toolkit / 'bin'}'\n")
+    real.chmod(0o755)
+    wrapper = tmp_path / "usr-local-bin-nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    assert kernels.cuda_home_of(wrapper) == toolkit
+
+
+def test_repair_commands_exclude_torch_and_cuda_libraries(tmp_path):
+    from scripts.factory import repair
+
+    linux = repair.repair_command("linux", tmp_path / "w.whl", tmp_path / "out",
+                                  prefix=["auditwheel"])
+    assert linux[:2] == ["auditwheel", "repair"] and linux[-1].endswith("w.whl")
+    for pattern in ("libtorch*.so*", "libc10*.so*", "libcudart.so*", "libcudnn*.so*"):
+        assert f"--exclude={pattern}" in linux
+    windows = repair.repair_command("windows", tmp_path / "w.whl", tmp_path / "out",
+                                    torch_lib=tmp_path / "torch" / "lib", prefix=["delvewheel"])
+    excluded = windows[windows.index("--exclude") + 1].split(";")
+    assert {"torch_cuda.dll", "c10.dll", "cudart64_13.dll"} <= set(excluded)
+    assert windows[windows.index("--add-path") + 1] == str(tmp_path / "torch" / "lib")
+    with pytest.raises(ValueError, match="accepted: linux, windows"):
+        repair.repair_command("macos", tmp_path / "w.whl", tmp_path)
