@@ -128,7 +128,7 @@ def _norm_arch(value: str) -> str:
 
 
 def machine_from_json(data: object) -> Machine:
-    """A machine described by --env-json (see docs/which-wheel.md for the fields)."""
+    """A machine described by --env-json (see README.md, "Which wheel do I install?" for the fields)."""
     if not isinstance(data, dict):
         raise BadInput("--env-json must hold a JSON object")
     known = {
