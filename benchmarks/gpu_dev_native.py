@@ -151,7 +151,7 @@ def timing(labels, dtypes) -> list[dict]:
                 q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=dtype)
                            for _ in range(3))
                 flops = 4 * b * h * n * n * d / (2 if causal else 1)
-                fns = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+                fns = {"sdpa": lambda q=q, k=k, v=v, c=causal: F.scaled_dot_product_attention(q, k, v, is_causal=c)}
                 for label in labels:
                     fns[label] = _kernel_fn(label, q, k, v, causal)
                 row = {"dtype": str(dtype).replace("torch.", ""), "b": b, "h": h, "n": n, "d": d,
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                               capture_output=True, text=True, cwd=ROOT)
         (out / "pytest.log").write_text(proc.stdout + proc.stderr)
         tail = (proc.stdout + proc.stderr).strip().splitlines()
-        print("\n".join(l for l in tail if l.startswith(("FAILED", "ERROR")))[:6000])
+        print("\n".join(line for line in tail if line.startswith(("FAILED", "ERROR")))[:6000])
         print("pytest:", tail[-1] if tail else "(no output)")
         results["pytest_rc"] = proc.returncode
     labels = [lab for lab, spec in KERNELS.items() if spec[0] in fams]
@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                "--skip-tests", "--dtypes", "float16", "--out", str(vout)],
                               env=env, capture_output=True, text=True)
         print(f"== variant {name}: {defines}")
-        print("\n".join(l for l in proc.stdout.splitlines() if "cos_reference" in l or "TOPS" in l
-                        or "geomean" in l)[-3000:] or proc.stderr[-2000:])
+        print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line
+                        or "geomean" in line)[-3000:] or proc.stderr[-2000:])
         results.setdefault("variants", {})[name] = {"defines": defines, "rc": proc.returncode}
     (out / "native_dev.json").write_text(json.dumps(results, indent=1))
     return 0

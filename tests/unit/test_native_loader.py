@@ -27,7 +27,7 @@ def fresh_status(monkeypatch):
 @pytest.fixture
 def no_extensions(monkeypatch, fresh_status):
     """Make every compiled extension unimportable (as in a CPU CI checkout)."""
-    for fam, spec in native.FAMILIES.items():
+    for spec in native.FAMILIES.values():
         monkeypatch.setitem(sys.modules, spec["extension"], None)  # None => ImportError on import
     for fam in MY_FAMILIES:
         mod = __import__(f"sageattention.native.{fam}", fromlist=["_loaded"])
