@@ -136,3 +136,27 @@ def int8_quant_shapes(n_tokens, *, is_key: bool, qk_quant_gran: str):
     block = 64 if is_key else (128 if qk_quant_gran == "per_block" else 32)
     groups = 1 if qk_quant_gran != "per_thread" else (4 if is_key else 8)
     return padded, padded // block * groups
+
+
+def import_extension(extension: str, family: str) -> None:
+    """Import one family's compiled extension (which registers its ops), or raise ImportError
+    saying why it is not usable here."""
+    try:
+        importlib.import_module(extension)
+    except ImportError as exc:  # a missing module, or a library/ABI mismatch (undefined symbol)
+        raise ImportError(
+            f"{extension} is not in this installation (the wheel was built without {family}-family "
+            f"targets, or for another torch/CUDA): {exc}"
+        ) from exc
+
+
+def register_quant_int8_fake(namespace: str) -> None:
+    """The fake of ``<namespace>::quant_int8``, an op every INT8 family defines with one schema."""
+    import torch
+
+    @torch.library.register_fake(f"{namespace}::quant_int8")
+    def _quant_int8_fake(x, mean, tensor_layout, qk_quant_gran, is_key, scale_mult):
+        b, h, n, d = bhnd(x, tensor_layout)
+        padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
+        return (x.new_empty((b, h, padded, d), dtype=torch.int8),
+                x.new_empty((b, h, groups), dtype=torch.float32))

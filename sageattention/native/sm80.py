@@ -5,7 +5,6 @@ schemas in csrc/sm80/bindings.cpp) and registers their fake implementations.
 """
 from __future__ import annotations
 
-import importlib
 import threading
 
 import torch
@@ -18,14 +17,9 @@ _loaded = False
 
 
 def _register_fakes() -> None:
-    from . import bhnd, int8_quant_shapes
+    from . import bhnd, register_quant_int8_fake
 
-    @torch.library.register_fake(f"{NAMESPACE}::quant_int8")
-    def _quant_int8_fake(x, mean, tensor_layout, qk_quant_gran, is_key, scale_mult):
-        b, h, n, d = bhnd(x, tensor_layout)
-        padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
-        return (x.new_empty((b, h, padded, d), dtype=torch.int8),
-                x.new_empty((b, h, groups), dtype=torch.float32))
+    register_quant_int8_fake(NAMESPACE)
 
     @torch.library.register_fake(f"{NAMESPACE}::qk_int8_pv_fp16")
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
@@ -46,13 +40,9 @@ def load() -> None:
     with _lock:
         if _loaded:
             return
-        try:
-            importlib.import_module(EXTENSION)
-        except ImportError as exc:  # a missing module, or a library/ABI mismatch (undefined symbol)
-            raise ImportError(
-                f"{EXTENSION} is not in this installation (the wheel was built without sm80-family "
-                f"targets, or for another torch/CUDA): {exc}"
-            ) from exc
+        from . import import_extension
+
+        import_extension(EXTENSION, "sm80")
         _register_fakes()
         _loaded = True
 
