@@ -72,6 +72,16 @@ def split_kwargs(func_name: str, kwargs: dict, known: dict) -> dict:
     return resolved
 
 
+def _check_one_device_and_dtype(q, k, v) -> None:
+    """q, k and v share one device and one floating-point dtype (dense and varlen alike)."""
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.dtype.is_floating_point:
+        raise TypeError(f"q, k, v must be floating point (float16, bfloat16, float32, float64), got {q.dtype}")
+
+
 def _check_tensor(name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -92,12 +102,7 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
                 "[batch, tokens, heads, head_dim]"
             raise ValueError(f"{name} must be 4-D {axes} for tensor_layout={tensor_layout!r}, "
                              f"got shape {tuple(t.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q, k, v must be floating point (float16, bfloat16, float32, float64), got {q.dtype}")
+    _check_one_device_and_dtype(q, k, v)
     h_ax, n_ax = (1, 2) if tensor_layout == "HND" else (2, 1)
     b, hq, nq, d = q.shape[0], q.shape[h_ax], q.shape[n_ax], q.shape[3]
     hkv, nk = k.shape[h_ax], k.shape[n_ax]
@@ -201,12 +206,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D [total_tokens, heads, head_dim] for sageattn_varlen, "
                              f"got shape {tuple(t.shape)}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q, k, v must be floating point, got {q.dtype}")
+    _check_one_device_and_dtype(q, k, v)
     if k.shape != v.shape:
         raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
     hq, d, hkv = q.shape[1], q.shape[2], k.shape[1]
