@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One development call on the GPU runner: build the runner's sm90 wheel (kernel objects from a
+# carried cache), install it, then run the chosen steps, each under its own time limit, with logs
+# and JSON under $OUT/s/ packed into $OUT/session.tgz (the transfer takes few files, no '+').
+#
+#   STEPS="tests hopper triton bench calibrate" bash benchmarks/gpu_dev_session.sh
+#
+# Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
+# (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
+# calibrate (python -m sageattention.calibrate), validate (scripts.factory.validate on the wheel).
+# Environment: OUT, STEPS, CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
+set -uo pipefail
+OUT=${OUT:-$PWD/runner_out}
+S=$OUT/s
+mkdir -p "$S"
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CELL=${CELL:-linux-cp312-torch2.11-cu130-sm90}
+STEPS=${STEPS:-tests hopper triton bench}
+summary=()
+t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
+  timeout "$limit" "$@" >"$S/$name.log" 2>&1; local rc=$?
+  summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"; }
+
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$S/gpu.txt"
+t build 300 python3 -m scripts.factory build --cell "$CELL" --no-repair --out "$S/wheel"
+WHEEL=$(ls "$S"/wheel/*.whl 2>/dev/null | head -n 1)
+if [ -n "$WHEEL" ]; then
+  t install 120 python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL"
+fi
+cd /tmp   # import the installed wheel, not the source tree
+REPO=$OLDPWD
+for step in $STEPS; do
+  case $step in
+    tests) t tests 240 python3 -m pytest "$REPO/tests/gpu" -q --junitxml="$S/tests.xml" -p no:cacheprovider ;;
+    hopper) t hopper 240 python3 "$REPO/benchmarks/gpu_dev_hopper.py" --sweep --out "$S" ;;
+    triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
+    bench) t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
+    calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" ;;
+    validate) t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" --wheel "$WHEEL" ;;
+    *) summary+=("$step: unknown step") ;;
+  esac
+done
+# '+' is refused by the transfer: rename, then pack everything into one archive.
+find "$S" -name '*+*' | while read -r f; do mv "$f" "${f//+/_PLUS_}"; done
+tar -C "$OUT" -czf "$OUT/session.tgz" s && rm -rf "$S"
+printf '%s\n' "${summary[@]}"

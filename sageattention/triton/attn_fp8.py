@@ -1,0 +1,239 @@
+"""INT8-QK / FP8-PV attention kernel (dense, no mask) for GPUs with FP8 tensor cores (sm89+).
+
+The SageAttention 2 recipe in Triton: Q and K are INT8 per block (K smoothed by its mean, Q's
+scale carrying ``sm_scale * log2(e)``), so the int8 dot gives base-2 scores; P is scaled by 448
+(e4m3's largest finite value, P <= 1 after the online-softmax shift) and cast to FP8 e4m3; V is FP8
+e4m3 with one scale per channel, stored transposed (tokens contiguous) so that it is the K-major B
+operand that Hopper's FP8 ``wgmma`` wants. Each K block's P@V product starts from zero and is added
+to the fp32 running output on the CUDA cores (two-level accumulation), so the tensor cores' reduced
+FP8 accumulation precision only ever spans one block.
+
+On sm_90 Triton lowers both dots to ``wgmma`` (INT8 and FP8); on sm89 to ``mma.sync``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import quant
+
+LOG2E = math.log2(math.e)
+FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
+V_SCALE_FLOOR = 1e-8
+MIN_CAPABILITY = (8, 9)
+_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + M) - M rounds to an integer, ties to even
+
+
+def _interpreting() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _to_e4m3(x, PREROUND: tl.constexpr):
+    """fp32 (|x| <= 448) -> float8 e4m3. PREROUND first rounds to the e4m3 grid in fp32: Triton's
+    interpreter (CPU tests) misrounds the cast at binade edges (31.9 -> 16); the GPU cast is exact,
+    so compiled kernels skip it."""
+    if PREROUND:
+        e = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(x), 1e-30))), -6.0)
+        step = tl.exp2(e - 3.0)
+        x = ((x / step + _RNE_MAGIC) - _RNE_MAGIC) * step
+    return x.to(tl.float8e4nv)
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """Tile shape and launch parameters; block_n is also K's quantization block."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __post_init__(self):
+        if quant.BLKQ % self.block_m or self.block_m < 64:
+            raise ValueError(f"block_m must divide {quant.BLKQ} and be >= 64, got {self.block_m}")
+        if self.block_n not in (32, 64, 128):
+            raise ValueError(f"block_n must be 32, 64 or 128 (FP8 dot needs K >= 32), got {self.block_n}")
+
+
+def pick_config(head_dim_padded: int, is_causal: bool) -> Fp8Config:
+    """Default tiles per padded head dim (see benchmarks/gpu_dev_hopper.py for the sweep)."""
+    del is_causal
+    if head_dim_padded <= 64:
+        return Fp8Config(128, 128, 4, 4)
+    return Fp8Config(128, 128, 8, 3)
+
+
+@triton.jit(do_not_specialize=["n_tokens", "n_pad"])
+def _quant_v_fp8_kernel(V, SCALE, VT, sv_b, sv_h, sv_n, n_heads, n_tokens, n_pad,
+                        HEAD_DIM: tl.constexpr, D: tl.constexpr, BLK: tl.constexpr,
+                        PREROUND: tl.constexpr):
+    """VT[b, h, :, n] = fp8(V[b, h, n, :] * 448 / amax[b, h, :]); zeros past ``n_tokens`` and D."""
+    blk = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    offs_n = blk * BLK + tl.arange(0, BLK)
+    offs_d = tl.arange(0, D)
+    d_ok = offs_d < HEAD_DIM
+    ok = (offs_n < n_tokens)[:, None] & d_ok[None, :]
+    v = tl.load(V + b * sv_b + h * sv_h + offs_n[:, None].to(tl.int64) * sv_n + offs_d[None, :],
+                mask=ok, other=0.0).to(tl.float32)
+    scale = tl.load(SCALE + (b * n_heads + h) * D + offs_d)
+    x = tl.div_rn(v, scale[None, :])
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    out = VT + (b * n_heads + h) * D * n_pad + offs_d[None, :].to(tl.int64) * n_pad + offs_n[:, None]
+    tl.store(out, _to_e4m3(x, PREROUND), mask=(offs_n < n_pad)[:, None])
+
+
+def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
+    """``v [B, H, N, D]`` (HND view, unit last stride) -> ``(vt fp8 [B, H, Dp, Npad], scale [B, H, Dp])``.
+
+    ``scale = max(amax over tokens / 448, 1e-8)`` per channel (padded channels get the floor), so
+    every value maps into e4m3's finite range.
+    """
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    b, h, n, d = v.shape
+    dp = quant.padded_head_dim(d)
+    n_pad = triton.cdiv(n, pad_to) * pad_to
+    scale = torch.full((b, h, dp), V_SCALE_FLOOR, dtype=torch.float32, device=v.device)
+    amax = v.abs().amax(dim=2).float()
+    scale[..., :d] = torch.clamp_min(amax / FP8_MAX, V_SCALE_FLOOR)
+    vt = torch.empty((b, h, dp, n_pad), dtype=torch.float8_e4m3fn, device=v.device)
+    blk = 64
+    _quant_v_fp8_kernel[(triton.cdiv(n_pad, blk), h, b)](
+        v, scale, vt, v.stride(0), v.stride(1), v.stride(2), h, n, n_pad,
+        HEAD_DIM=d, D=dp, BLK=blk, PREROUND=_interpreting(), num_warps=4)
+    return vt, scale
+
+
+@triton.jit
+def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, stride_vd, start_n,
+              n_keys, offs_m, offs_n, offs_d, BLOCK_N: tl.constexpr, EDGE: tl.constexpr,
+              IS_CAUSAL: tl.constexpr, PREROUND: tl.constexpr):
+    start64 = tl.cast(start_n, tl.int64)
+    # K and V^T buffers are zero-padded to whole blocks: no load masks.
+    k = tl.load(K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None])
+    qk = tl.dot(q, k)
+    scale = tl.load(KS_base + start_n // BLOCK_N) * q_scale
+    s = qk.to(tl.float32) * scale
+    if EDGE:
+        cols = start_n + offs_n
+        keep = (cols < n_keys)[None, :]
+        if IS_CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    # [BLOCK_N, D] tile of V^T's memory [D, N]: tokens contiguous, the K-major B operand.
+    vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
+    p8 = _to_e4m3(p * 448.0, PREROUND)
+    acc = acc * alpha[:, None] + tl.dot(p8, vt)
+    return acc, l_i, m_new
+
+
+@triton.jit(do_not_specialize=["n_heads", "group", "n_queries", "n_keys", "n_q_scales", "n_k_scales",
+                               "n_kpad"])
+def _attn_fp8_kernel(
+    Q8, K8, VT, QS, KS, VS, Out, LSE,
+    sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, so_b, so_h, so_n,
+    n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales, n_kpad,
+    HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr,
+    PREROUND: tl.constexpr,
+):
+    if IS_CAUSAL:  # tiles near the end do the most work: launch them first
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        pid_m = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    kv_heads = n_heads // group
+    kvh = h // group
+    start_m = pid_m * BLOCK_M
+    offs_ml = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_ml
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+
+    q = tl.load(Q8 + b * sq_b + h * sq_h + start_m.to(tl.int64) * sq_n + offs_ml[:, None] * sq_n
+                + offs_d[None, :])
+    q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
+    K_base = K8 + b * sk_b + kvh * sk_h
+    VT_base = VT + (b * kv_heads + kvh) * D * n_kpad
+    KS_base = KS + (b * kv_heads + kvh) * n_k_scales
+
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    if IS_CAUSAL:
+        hi = tl.minimum(n_keys, start_m + BLOCK_M)
+        mid = (tl.minimum(start_m, n_keys) // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_keys
+        mid = (n_keys // BLOCK_N) * BLOCK_N
+    for start_n in range(0, mid, BLOCK_N):
+        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND)
+
+    v_scale = tl.load(VS + (b * kv_heads + kvh) * D + offs_d) * (1.0 / 448.0)
+    out = acc * v_scale[None, :] / l_i[:, None]
+    row_ok = offs_m < n_queries
+    o_ptrs = Out + b * so_b + h * so_h + start_m.to(tl.int64) * so_n + offs_ml[:, None] * so_n + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
+    if RETURN_LSE:
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + (b * n_heads + h) * n_queries + offs_m, lse, mask=row_ok)
+
+
+def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
+                      config: Fp8Config | None = None, out: torch.Tensor | None = None):
+    """Runs the kernel on HND views ``q [B, Hq, Nq, D]``, ``k, v [B, Hkv, Nk, D]`` (validated by
+    the caller). Returns ``(out [B, Hq, Nq, D] in q's dtype, lse [B, Hq, Nq] fp32 or None)``."""
+    batch, n_heads, n_queries, head_dim = q.shape
+    kv_heads, n_keys = k.shape[1], k.shape[2]
+    dp = quant.padded_head_dim(head_dim)
+    cfg = config or pick_config(dp, is_causal)
+
+    k_mean = k.mean(dim=2, dtype=torch.float32).contiguous() if smooth_k else None
+    k8, k_scale, _ = quant.quantize_dense(k, block=cfg.block_n, pad_to=cfg.block_n, mean=k_mean)
+    want_corr = return_lse and smooth_k
+    q8, q_scale, corr = quant.quantize_dense(
+        q, block=quant.BLKQ, pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E,
+        corr_mean=k_mean if want_corr else None, corr_mult=sm_scale)
+    vt, v_scale = quantize_v_fp8(v, pad_to=cfg.block_n)
+
+    if out is None:
+        out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
+    lse = (torch.empty((batch, n_heads, n_queries), dtype=torch.float32, device=q.device)
+           if return_lse else q_scale)
+    grid = (triton.cdiv(n_queries, cfg.block_m), n_heads, batch)
+    _attn_fp8_kernel[grid](
+        q8, k8, vt, q_scale, k_scale, v_scale, out, lse,
+        q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
+        vt.shape[3],
+        HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=_interpreting(),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not return_lse:
+        return out, None
+    if corr is not None:
+        lse += corr
+    return out, lse
+
+
+__all__ = ["Fp8Config", "pick_config", "quantize_v_fp8", "run_attention_fp8"]
