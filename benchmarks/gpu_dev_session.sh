@@ -8,7 +8,7 @@
 # Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
 # (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
 # calibrate (python -m sageattention.calibrate), validate (scripts.factory.validate on the wheel).
-# Environment: OUT, STEPS, CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
+# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
 OUT=${OUT:-$PWD/runner_out}
 S=$OUT/s
@@ -18,6 +18,7 @@ CELL=${CELL:-linux-cp312-torch2.11-cu130-sm90}
 STEPS=${STEPS:-tests hopper triton bench}
 summary=()
 t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
+  local var="LIMIT_${name^^}"; limit=${!var:-$limit}   # e.g. LIMIT_TESTS=150
   timeout "$limit" "$@" >"$S/$name.log" 2>&1; local rc=$?
   summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"; }
 
