@@ -1,0 +1,129 @@
+"""The INT8-QK / FP8-PV Triton kernel (sageattention/triton/attn_fp8.py) on the CPU, in Triton's
+interpreter, against sageattention.reference (same quantization) and float64 SDPA.
+
+As in test_triton_interpret.py, the kernels run in one ``TRITON_INTERPRET=1`` subprocess (this
+file with ``--worker``) that prints one JSON object; the tests assert on it. What this proves: the
+kernel's logic (tiling, tails, causal, GQA, cross-attention, scales, LSE) reproduces the algorithm.
+What it cannot prove: speed, or the GPU's FP8 conversion (the interpreter's cast is replaced by an
+exact rounding in fp32, see attn_fp8._to_e4m3); those need the GPU runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+REPO = Path(__file__).resolve().parents[2]
+# design.md's bar for INT8 QK / FP8 PV against a high-precision SDPA: relative L1 <= 0.04 (the
+# figure #8's acceptance names). Its cosine bar (0.9993) is where this recipe lands, not a margin
+# below it: e4m3 rounding of P alone gives ~0.99975 and of V alone ~0.99972 on random inputs, both
+# ~0.9994, and INT8 QK brings it to 0.9993 (upstream's sm90 kernel: 0.99926). These CPU cases
+# measure 0.99930; the floor below catches a real regression (a wrong scale costs far more)
+# without pretending the bar has headroom.
+FP8_COS_FLOOR, FP8_REL_L1_MAX = 0.999, 0.04
+CASES = [  # (name, batch, q heads, kv heads, Nq, Nk, head dim, causal, dtype)
+    ("d64 cross 200x300 GQA", 1, 2, 1, 200, 300, 64, False, "float16"),
+    ("d128 causal 130", 1, 2, 2, 130, 130, 128, True, "float16"),
+    ("d64 causal Nq>Nk 33x17", 2, 1, 1, 33, 17, 64, True, "bfloat16"),
+    ("d128 one token", 1, 1, 1, 1, 1, 128, False, "float16"),
+    ("d80 padded head dim", 1, 2, 1, 70, 140, 80, False, "bfloat16"),
+    ("d128 512 MQA", 1, 4, 1, 512, 512, 128, False, "float16"),
+]
+LARGE = {"d128 512 MQA", "d64 cross 200x300 GQA"}
+
+
+def _metrics(out, ref):
+    o, r = out.double().flatten(), ref.double().flatten()
+    return {"cos": torch.nn.functional.cosine_similarity(o, r, dim=0).item(),
+            "rel_l1": ((o - r).abs().sum() / r.abs().sum()).item(),
+            "finite": bool(torch.isfinite(out).all())}
+
+
+def _worker() -> dict:
+    from sageattention.reference import sageattn_reference
+    from sageattention.triton import attn_fp8
+
+    gen = torch.Generator().manual_seed(7)
+    res: dict = {"cases": {}}
+
+    # V to FP8: the same bits as torch's own e4m3 cast of v / scale; zero tails; scale floors.
+    v = torch.randn(1, 2, 100, 64, generator=gen).half() * 3
+    v[0, 1, :, 5] = 0  # an all-zero channel: the scale floor, no division by zero
+    vt, scale = attn_fp8.quantize_v_fp8(v, pad_to=128)
+    expect = (v.float() / scale[:, :, None, :]).clamp(-448, 448).to(torch.float8_e4m3fn)
+    res["v_quant"] = {
+        "bits_equal": bool(torch.equal(vt.transpose(2, 3)[:, :, :100].view(torch.uint8),
+                                       expect.view(torch.uint8))),
+        "tail_zero": bool((vt[..., 100:].float() == 0).all()),
+        "zero_channel_scale": float(scale[0, 1, 5]),
+        "layout": list(vt.shape),
+    }
+
+    for name, b, hq, hkv, nq, nk, d, causal, dt in CASES:
+        dtype = getattr(torch, dt)
+        q = torch.randn(b, hq, nq, d, generator=gen).to(dtype)
+        k = (torch.randn(b, hkv, nk, d, generator=gen) + 0.5).to(dtype)  # a K bias: smoothing matters
+        v = torch.randn(b, hkv, nk, d, generator=gen).to(dtype)
+        out, lse = attn_fp8.run_attention_fp8(q, k, v, is_causal=causal, sm_scale=d ** -0.5,
+                                              smooth_k=True, return_lse=True)
+        ref_out, ref_lse = sageattn_reference(q, k, v, is_causal=causal, qk_quant_gran="per_block",
+                                              pv_dtype="fp8", pv_accum_dtype="fp32", blkk=128,
+                                              return_lse=True)
+        group = hq // hkv
+        kk, vv = (t.repeat_interleave(group, dim=1).double() for t in (k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q.double(), kk, vv, is_causal=causal)
+        res["cases"][name] = {
+            "dtype_ok": out.dtype == dtype and list(out.shape) == [b, hq, nq, d],
+            "vs_reference": _metrics(out, ref_out),
+            "vs_sdpa": _metrics(out, sdpa),
+            "lse_vs_reference_max": (lse - ref_lse).abs().max().item(),
+        }
+    return res
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, __file__, "--worker"], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_v_quantization_is_torchs_e4m3_cast_transposed(measured):
+    vq = measured["v_quant"]
+    assert vq["bits_equal"]
+    assert vq["tail_zero"]
+    assert vq["zero_channel_scale"] == pytest.approx(1e-8)
+    assert vq["layout"] == [1, 2, 64, 128]  # [B, H, D, tokens padded to the K block]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_matches_reference_under_same_quantization(measured, name):
+    case = measured["cases"][name]
+    assert case["dtype_ok"]
+    assert case["vs_reference"]["finite"]
+    assert case["vs_reference"]["cos"] >= 0.99999, case
+    # LSE: same INT8 scores; a one-step rounding difference of one element moves a row ~5e-3.
+    assert case["lse_vs_reference_max"] <= 1e-2, case
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_fp8_bars_against_float64_sdpa(measured, name):
+    m = measured["cases"][name]["vs_sdpa"]
+    assert m["finite"]
+    assert m["rel_l1"] <= FP8_REL_L1_MAX, m
+    if name in LARGE:  # tiny cases have a few keys per row: their cosine is noisier
+        assert m["cos"] >= FP8_COS_FLOOR, m
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    print(json.dumps(_worker()))
