@@ -45,6 +45,7 @@ from .dispatch import (  # noqa: E402
     force_backend,
     last_backend,
     select_backend,
+    use_calibration,
 )
 from .sdpa_compat import patch_sdpa, scaled_dot_product_attention  # noqa: E402
 
@@ -64,4 +65,5 @@ __all__ = [
     "sageattn_varlen",
     "scaled_dot_product_attention",
     "select_backend",
+    "use_calibration",
 ]

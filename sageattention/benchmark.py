@@ -4,6 +4,11 @@
     python -m sageattention.benchmark --seq-len 1024 2048 8192 --head-dim 64 128
     python -m sageattention.benchmark --cases wide --json bench.json
 
+The headline ``sageattn`` figure is the default dispatch (calibration included: on a GPU with a
+calibration table it may be SDPA) and each row records the backend that ran; every backend is also
+timed forced. The JSON carries the environment (GPU, capability, torch, Triton, date, command), so
+``python -m sageattention.calibrate --from-benchmark`` can build a calibration table from it.
+
 Every timing is end to end (quantization included), on the same inputs, in this one process: the
 median of many runs (``triton.testing.do_bench``, or CUDA events when Triton is absent).
 TOPS = 4*b*h*n*n*d / time, halved for causal attention. These are attention microbenchmarks,
@@ -235,6 +240,19 @@ def known_backends() -> list[str]:
     return [b for b in BACKEND_NAMES if b != "sdpa"]
 
 
+def document(result: dict, device) -> dict:
+    """What ``--json`` writes: the results, what they ran on (``environment``, as in a validation
+    report: GPU, capability, torch, Triton, date, command) and the calibration the default dispatch
+    consulted (``dispatch_calibration``: the table's file, or null)."""
+    from sageattention import dispatch
+    from sageattention.validation.environment import capture
+
+    env = capture(device)
+    table = dispatch.calibration_for(dispatch.device_capability(device))
+    return {**result, "gpu_name": env["gpu_name"], "torch": env["torch"], "environment": env,
+            "dispatch_calibration": table.source if table is not None else None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sageattention.benchmark",
@@ -302,10 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
     if args.json:
-        result["gpu_name"] = torch.cuda.get_device_name(device)
-        result["torch"] = torch.__version__
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result, fh, indent=2)
+            json.dump(document(result, device), fh, indent=2)
         print(f"wrote {args.json}")
     return 0
 

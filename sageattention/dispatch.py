@@ -1,7 +1,8 @@
 """Backend selection: which backend a call runs, and why. Also the force and explain API.
 
 `choose()` is a pure function of the call's needs (`Request`), what the installed build contains
-(`Inventory`) and the GPU's compute capability; it walks the capability table in `backends.py`.
+(`Inventory`), the GPU's compute capability and, for the default `sageattn` path, the calibration
+table of that GPU (`sageattention/calibration/`); it walks the capability table in `backends.py`.
 The tensor-level helpers (`select_backend`, `explain`) only gather those inputs.
 """
 
@@ -17,14 +18,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import backends
+from . import backends, calibration
 from .backends import SDPA, Backend
 from .inputs import SAGEATTN_KEYWORDS, AttnCall, parse_call, split_kwargs
 
-__all__ = ["BackendChoice", "BackendUnavailableError", "Inventory", "Request", "choose", "explain",
-           "force_backend", "forced_backend", "last_backend", "select_backend"]
+__all__ = ["BackendChoice", "BackendUnavailableError", "Inventory", "Request", "calibration_enabled",
+           "calibration_for", "choose", "explain", "force_backend", "forced_backend", "last_backend",
+           "select_backend", "use_calibration"]
 
 ENV_VAR = "SAGEATTENTION_BACKEND"
+CALIBRATION_ENV_VAR = "SAGEATTENTION_CALIBRATION"
+CALIBRATION_VALUES = ("on", "off")  # the first is the default
+# Every reason for choosing SDPA because it was measured faster opens with this; such a choice is a
+# speed decision, not a fallback the user should act on, so log_once logs it at INFO, not WARNING.
+SDPA_FASTER = "SDPA is faster for this shape"
 logger = logging.getLogger("sageattention")
 
 
@@ -55,7 +62,8 @@ class Inventory:
 
 @dataclass(frozen=True)
 class Request:
-    """What one call needs from a backend, without the tensors."""
+    """What one call needs from a backend, without the tensors. The shape fields (None: unknown)
+    only serve the calibration lookup."""
 
     device_type: str
     capability: tuple[int, int] | None
@@ -67,12 +75,21 @@ class Request:
     qk_quant_gran: str | None = None
     pv_accum_dtype: str | None = None
     smooth_v: bool = False
+    batch_heads: int | None = None  # batch * query heads
+    seq_q: int | None = None
+    seq_k: int | None = None
+    causal: bool = False
+    return_lse: bool = False
 
 
 @dataclass(frozen=True)
 class BackendChoice:
-    """The backend a call runs (`name`), why (`reason`), whether it is the SDPA fallback, and the
-    resolved kernel options (None for SDPA)."""
+    """The backend a call runs (`name`), why (`reason`), and the resolved kernel options (None for SDPA).
+
+    fallback: True exactly when the call runs PyTorch SDPA, whatever the cause: the input needs it,
+    no quantized backend fits, SDPA is forced, or the calibration measured SDPA faster for this
+    shape. calibrated: the choice was made from the calibration table's measurements (then the
+    reason names the table and the figures)."""
 
     name: str
     reason: str
@@ -80,8 +97,11 @@ class BackendChoice:
     qk_quant_gran: str | None = None
     pv_accum_dtype: str | None = None
     adjustments: tuple[str, ...] = field(default_factory=tuple)
+    calibrated: bool = False
 
     def sentence(self) -> str:
+        if self.fallback and self.calibrated:
+            return f"runs PyTorch SDPA: {self.reason}"
         if self.fallback:
             return f"falls back to PyTorch SDPA because {self.reason}"
         options = ""
@@ -167,6 +187,47 @@ def forced_backend(env=None) -> str | None:
     return _check_name(value, ENV_VAR) if value else None
 
 
+# --- calibration on/off ----------------------------------------------------------------------
+
+_calibration_switch: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "sageattention_calibration", default=None)
+
+
+@contextlib.contextmanager
+def use_calibration(enabled: bool):
+    """Within the context, `sageattn` consults the GPU's calibration table (True) or walks the static
+    preference order (False), whatever SAGEATTENTION_CALIBRATION says."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"use_calibration(enabled) takes True or False, got {enabled!r}")
+    token = _calibration_switch.set(enabled)
+    try:
+        yield
+    finally:
+        _calibration_switch.reset(token)
+
+
+def calibration_enabled(env=None) -> bool:
+    """Whether the default dispatch consults calibration tables: use_calibration() first, then the
+    SAGEATTENTION_CALIBRATION variable (on/off, default on)."""
+    switch = _calibration_switch.get()
+    if switch is not None:
+        return switch
+    raw = (os.environ if env is None else env).get(CALIBRATION_ENV_VAR, "")
+    value = raw.strip().lower() or CALIBRATION_VALUES[0]
+    if value not in CALIBRATION_VALUES:
+        raise ValueError(f"{CALIBRATION_ENV_VAR}={raw!r} is not accepted; use one of: "
+                         f"{', '.join(CALIBRATION_VALUES)} (default {CALIBRATION_VALUES[0]})")
+    return value == "on"
+
+
+def calibration_for(capability: tuple[int, int] | None, env=None) -> calibration.Table | None:
+    """The calibration table the default dispatch uses on a GPU of this capability: None on CPU, when
+    disabled, or when the package has no (usable) table for exactly this capability."""
+    if not calibration_enabled(env) or capability is None:  # a bad variable fails on any device
+        return None
+    return calibration.for_capability(tuple(capability))
+
+
 # --- last backend (thread-local) ------------------------------------------------------------
 
 _last = threading.local()
@@ -248,26 +309,44 @@ def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[
     return hard, options
 
 
-def _native_choice(b: Backend, req: Request, reason: str, adjustments=()) -> BackendChoice:
+def _native_choice(b: Backend, req: Request, reason: str, adjustments=(), *,
+                   calibrated: bool = False) -> BackendChoice:
     gran = req.qk_quant_gran if req.qk_quant_gran in b.qk_quant_grans else b.qk_quant_grans[0]
     accum = req.pv_accum_dtype if req.pv_accum_dtype in b.pv_accum_dtypes else b.default_pv_accum_dtype
-    return BackendChoice(b.name, reason, False, gran, accum, tuple(adjustments))
+    return BackendChoice(b.name, reason, False, gran, accum, tuple(adjustments), calibrated)
+
+
+def _default_path(candidates, allow_fallback: bool, forced) -> bool:
+    """Plain `sageattn`: every backend allowed, SDPA allowed, nothing forced."""
+    return candidates is None and allow_fallback and forced is None
 
 
 def choose(req: Request, inv: Inventory, *, candidates: tuple[str, ...] | None = None,
-           allow_fallback: bool = True, forced: str | None = None) -> BackendChoice:
-    """Pick the backend for one call (see _choose); choices are cached, the rule is pure."""
-    return _choose(req, inv, candidates, allow_fallback, forced)
+           allow_fallback: bool = True, forced: str | None = None,
+           calibration: calibration.Table | None = None) -> BackendChoice:
+    """Pick the backend for one call (see _choose); choices are cached, the rule is pure.
+
+    calibration: the GPU's calibration table (`calibration_for(req.capability)`; None: the static
+    order). Only the default `sageattn` path consults it; forcing and the kernel-specific functions
+    (candidates given, no fallback) ignore it.
+    """
+    if not _default_path(candidates, allow_fallback, forced):
+        calibration = None
+    return _choose(req, inv, candidates, allow_fallback, forced, calibration)
 
 
 @functools.lru_cache(maxsize=512)
-def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forced) -> BackendChoice:
+def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forced,
+            table: calibration.Table | None) -> BackendChoice:
     """Pick the backend for one call.
 
     candidates: the quantized backends the calling function may use (None: all; `sageattn`).
     allow_fallback: whether no fitting candidate means SDPA (`sageattn`) or an error unless the input
     itself needs SDPA (the kernel-specific functions).
     forced: a backend name that must be used, or BackendUnavailableError.
+    table: the calibration table to rank the usable backends and SDPA by (None: the static order).
+    The table is part of the cache key (by identity), so switching calibration off or injecting
+    another table never returns a stale choice.
     """
     order = [n for n in backends.preference_order(req.capability) if n != SDPA]
     if candidates is not None:
@@ -276,10 +355,16 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
     if forced is not None:
         return _forced_choice(forced, req, inv, candidates)
 
+    assessed = [(b, *_misfits(b, req, inv)) for b in rows]
+    note = None
+    if table is not None:
+        choice, note = _calibrated_choice(req, order, assessed, table)
+        if choice is not None:
+            return choice
+
     skipped = []
     for relax in (False, True):
-        for b in rows:
-            hard, options = _misfits(b, req, inv)
+        for b, hard, options in assessed:
             if hard or (options and not relax):
                 if not relax:
                     skipped.append((b.name, f"{b.name}: {'; '.join(hard + options)}"))
@@ -289,6 +374,8 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
             passed_over = [text for name, text in skipped if name != b.name]
             if passed_over:
                 why += " (skipped " + " | ".join(passed_over) + ")"
+            if note:
+                why += f"; {note}"
             return _native_choice(b, req, why, options)
 
     input_reason = _input_reason(req, rows or tuple(backends.backend(n) for n in (candidates or ())))
@@ -302,6 +389,53 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
             f"The installed build contains: {inv.contents()}. Install the wheel built for this GPU, "
             "or call sageattn(), which falls back to PyTorch SDPA.")
     return BackendChoice(SDPA, f"no quantized backend fits: {detail}", True)
+
+
+def _calibrated_choice(req: Request, order: list[str], assessed: list, table: calibration.Table):
+    """(choice, None) from the table's nearest entry, or (None, why the table was not used) for the
+    static order to apply. Among the backends that can run the call (no hard misfit), those that
+    provide every option asked for come first, then the fastest measured, then unmeasured ones in
+    the static order; SDPA runs instead when it was measured faster than that pick."""
+    fitting = [(b, options) for b, hard, options in assessed if not hard]
+    if not fitting:
+        return None, None  # the input or the build decides; the static path says why
+    label = f"calibration {table.label}"
+    if req.has_mask:
+        return None, f"{label} not used: it times calls without an attention mask"
+    if req.return_lse:
+        return None, f"{label} not used: it times calls without return_lse"
+    if None in (req.batch_heads, req.seq_q, req.seq_k):
+        return None, f"{label} not used: the call's shape is not known"
+    dtype = calibration.dtype_name(req.dtype)
+    entry = table.nearest(dtype=dtype, head_dim=req.head_dim, causal=req.causal, seq_q=req.seq_q,
+                          seq_k=req.seq_k, batch_heads=req.batch_heads)
+    if entry is None:
+        kind = "causal" if req.causal else "non-causal"
+        return None, f"{label} has no {kind} entries"
+    names = [b.name for b, _ in fitting] + [SDPA]
+    measured = sorted(((n, entry.time(n)) for n in names if entry.time(n) is not None), key=lambda x: x[1])
+    if not measured:
+        return None, f"{label} measured none of the usable backends at {entry.name}"
+
+    def rank(item):
+        b, options = item
+        ms = entry.time(b.name)
+        return bool(options), ms is None, ms or 0.0, order.index(b.name)
+
+    best, options = min(fitting, key=rank)
+    where = f"{label}, nearest measured: {entry.name}: " + \
+        ", ".join(f"{n} {ms:.3g} ms" for n, ms in measured)
+    unmeasured = [b.name for b, _ in fitting if entry.time(b.name) is None]
+    if unmeasured:
+        where += f"; not measured there: {', '.join(unmeasured)}"
+    sdpa_ms, best_ms = entry.time(SDPA), entry.time(best.name)
+    if sdpa_ms is not None and (best_ms is None or sdpa_ms < best_ms):
+        return BackendChoice(SDPA, f"{SDPA_FASTER} ({where})", True, calibrated=True), None
+    why = f"fastest measured for this shape ({where})"
+    unusable = [f"{b.name}: {'; '.join(hard)}" for b, hard, _ in assessed if hard]
+    if unusable:
+        why += " (not usable here: " + " | ".join(unusable) + ")"
+    return _native_choice(best, req, why, options, calibrated=True), None
 
 
 def _forced_choice(name: str, req: Request, inv: Inventory, candidates) -> BackendChoice:
@@ -326,13 +460,19 @@ def request_for(call: AttnCall) -> Request:
     return Request(device_type=p.device.type, capability=device_capability(p.device), dtype=p.dtype,
                    head_dim=p.head_dim, has_mask=call.attn_mask is not None, requires_grad=p.requires_grad,
                    dropout=call.dropout_p > 0, qk_quant_gran=call.qk_quant_gran,
-                   pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v)
+                   pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v,
+                   batch_heads=p.batch * p.q_heads, seq_q=p.q_len, seq_k=p.kv_len, causal=call.is_causal,
+                   return_lse=call.return_lse)
 
 
 def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True) -> BackendChoice:
     req = request_for(call)
     inv = current_inventory(call.problem.device)
-    return choose(req, inv, candidates=candidates, allow_fallback=allow_fallback, forced=forced_backend())
+    forced = forced_backend()
+    # Only the default path reads the table (and SAGEATTENTION_CALIBRATION); choose() enforces it too.
+    table = calibration_for(req.capability) if _default_path(candidates, allow_fallback, forced) else None
+    return choose(req, inv, candidates=candidates, allow_fallback=allow_fallback, forced=forced,
+                  calibration=table)
 
 
 def select_backend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
@@ -359,9 +499,10 @@ _log_lock = threading.Lock()
 
 
 def log_once(message: str) -> None:
-    """Log a fallback reason or an option adjustment once per distinct message."""
+    """Log a fallback reason or an option adjustment once per distinct message: a warning, except
+    SDPA chosen because the calibration measured it faster (a speed choice, logged at INFO)."""
     with _log_lock:
         if message in _logged:
             return
         _logged.add(message)
-    logger.warning(message)
+    logger.log(logging.INFO if SDPA_FASTER in message else logging.WARNING, message)

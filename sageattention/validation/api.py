@@ -36,6 +36,10 @@ class Api:
     # The families.json the package carries.
     families_table: Callable[[], dict] = field(default=lambda: {})
     backends_table: Callable[[], Any] = field(default=lambda: None)
+    # sageattention.select_backend (the dispatcher's choice and why), or None where unavailable.
+    select_backend: Callable[..., Any] | None = None
+    # A context in which sageattn walks the static preference order, not the calibration table.
+    static_dispatch: Callable[[], ContextManager] = field(default=contextlib.nullcontext)
 
     def run(self, backend: str | None, *args, **kwargs) -> tuple[Any, str | None]:
         """Call sageattn (forcing ``backend`` when given); return the result and what ran."""
@@ -64,6 +68,9 @@ class Api:
             build_info=_optional("sageattention.build_info", "load", lambda: None),
             families_table=_families_json,
             backends_table=lambda: _backends_snapshot(),
+            select_backend=getattr(pkg, "select_backend", None),
+            static_dispatch=(lambda: pkg.use_calibration(False)) if hasattr(pkg, "use_calibration")
+            else contextlib.nullcontext,
         )
 
 

@@ -52,6 +52,26 @@ class Context:
                      f"fallback fails)")
         return out, ran
 
+    def default_dispatch(self, rec: "Recorder", label: str, ref, *args, **kwargs):
+        """Call plain sageattn and require a native backend of this build; SDPA is accepted only
+        when the dispatcher says the GPU's calibration measured it faster for this shape, and then
+        the same call is repeated in the static order, which must run native."""
+        out, ran = self.call(rec, None, *args, **kwargs)
+        if ran in self.native_names:
+            rec.compare(label, out, ref, ran=ran)
+            return
+        choice = self.api.select_backend(*args, **kwargs) if self.api.select_backend else None
+        if ran == "sdpa" and getattr(choice, "calibrated", False):
+            rec.note(f"{label}: sageattn() ran sdpa by calibration ({choice.reason})")
+            with self.api.static_dispatch():
+                out, ran = self.call(rec, None, *args, **kwargs)
+            label += " (static order)"
+            if ran in self.native_names:
+                rec.compare(label, out, ref, ran=ran)
+                return
+        rec.fail(f"{label}: sageattn() chose {ran} on this GPU; expected one of this build's "
+                 f"native backends {self.native_names}")
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

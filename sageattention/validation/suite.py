@@ -132,8 +132,8 @@ def performance_section(ctx: Context) -> dict:
         primary = ctx.native_names[0] if ptx else None
         if ptx:
             others = ctx.native_names[1:]
-        else:  # time each native backend forced as well when the build has several
-            others = ctx.native_names if len(ctx.native_names) > 1 else []
+        else:  # each native backend forced too: the default dispatch may pick SDPA (calibration)
+            others = list(ctx.native_names)
         timer = benchmark.cuda_timer(10 if quick else 25, 40 if quick else 100)
         perf = benchmark.run(cases, api=ctx.api, device=ctx.device, timer=timer,
                              primary=primary, others=others)

@@ -205,6 +205,55 @@ def test_default_dispatch_to_a_fallback_fails_public_api_and_regression():
         assert "triton-fp16" in rec["reason"]
 
 
+class CalibratedLib(FakeLib):
+    """Default dispatch runs SDPA because a calibration table says so; static order runs native."""
+
+    def __init__(self, calibrated=True, static_default="cuda-sm89-fp8"):
+        super().__init__(default="sdpa")
+        self.calibrated = calibrated
+        self.static_default = static_default
+
+    def select_backend(self, *args, **kwargs):
+        return type("Choice", (), {"name": "sdpa", "calibrated": self.calibrated,
+                                   "reason": "SDPA is faster for this shape (calibration sm90)"})()
+
+    def static(self):
+        lib = self
+
+        class _Static:
+            def __enter__(self):
+                lib.default, self.prev = lib.static_default, lib.default
+
+            def __exit__(self, *exc):
+                lib.default = self.prev
+
+        return _Static()
+
+
+def run_calibrated(lib):
+    api = make_api(lib)
+    api.select_backend, api.static_dispatch = lib.select_backend, lib.static
+    return run_suite(api=api, device=torch.device("cpu"), profile=TINY,
+                     checks=select(CHECKS, ["public-api", "unmasked-regression"], None),
+                     performance=False, gpu_sm=90, argv=["x"])
+
+
+def test_default_dispatch_may_run_sdpa_by_calibration_then_the_static_order_must_be_native():
+    doc = run_calibrated(CalibratedLib())
+    for rec in doc["checks"]:
+        assert rec["status"] == "pass", rec
+        assert "cuda-sm89-fp8" in rec["backends"] and "sdpa" in rec["backends"]
+        assert any("by calibration" in n for n in rec.get("notes", [])), rec
+
+
+def test_sdpa_without_a_calibrated_choice_or_a_non_native_static_order_fails():
+    for lib in (CalibratedLib(calibrated=False), CalibratedLib(static_default="triton-fp16")):
+        doc = run_calibrated(lib)
+        for rec in doc["checks"]:
+            assert rec["status"] == "fail", rec
+            assert "expected one of this build's native backends" in rec["reason"]
+
+
 def test_an_ignored_mask_fails_the_mask_checks():
     lib = FakeLib()
     original = lib.attention

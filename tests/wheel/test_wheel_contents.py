@@ -42,6 +42,14 @@ def test_exact_file_set(wheel):
     assert sorted(actual - expected) == [] and sorted(expected - actual) == []
 
 
+def test_calibration_tables_ship(wheel):
+    """The dispatcher's loader and every measured table of the source tree are in the wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    tables = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sageattention" / "calibration").glob("*.json")}
+    assert {"sageattention/calibration/__init__.py", "sageattention/calibrate.py"} | tables <= names
+
+
 def test_no_torch_or_cuda_library_vendored(wheel):
     with zipfile.ZipFile(wheel) as zf:
         vendored = [n for n in zf.namelist() if ".libs/" in n]

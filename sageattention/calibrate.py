@@ -1,0 +1,237 @@
+"""Write the calibration table the dispatcher reads, from real measurements.
+
+    python -m sageattention.calibrate --out sageattention/calibration/sm90.json
+    python -m sageattention.calibrate --out sageattention/calibration/sm90.json --benchmark-json bench.json
+    python -m sageattention.calibrate --from-benchmark bench.json --out sageattention/calibration/sm90.json
+
+On a GPU: times SDPA (torch's default backend, and through sageattn forced to "sdpa") and every known
+backend forced, with `sageattention.benchmark.run()` over the calibration grid (`calibration_cases`),
+with the calibration switched off while measuring, then writes `sm<major><minor>.json` (format:
+`sageattention/calibration/__init__.py`). `--from-benchmark` builds the same table without a GPU from
+a stored benchmark JSON: what `--benchmark-json` here or `python -m sageattention.benchmark --json`
+wrote, or a validation report (its `performance` and `environment` sections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+from . import benchmark, calibration
+from .backends import BACKEND_NAMES, SDPA
+from .benchmark import Case
+
+PROG = "python -m sageattention.calibrate"
+# Besides the 20 standard cases: (batch, seq_len) pairs, 32 heads, for fp16 and bf16, head dims 64
+# and 128, causal and not; short sequences at large batch, where fixed costs decide.
+EXTRA_SHAPES = ((32, 128), (16, 512), (2, 8192))
+EXTRA_HEADS = 32
+EXTRA_HEAD_DIMS = (64, 128)
+DTYPES = ("fp16", "bf16")
+
+
+class BenchmarkFormatError(ValueError):
+    """A benchmark JSON that lacks what a calibration table needs; the message names the field."""
+
+
+def calibration_cases() -> list[Case]:
+    """The calibration grid: the benchmark's 20 standard cases plus EXTRA_SHAPES."""
+    extra = [Case(dt, b, EXTRA_HEADS, n, d, c) for dt in DTYPES for d in EXTRA_HEAD_DIMS
+             for b, n in EXTRA_SHAPES for c in (False, True)]
+    return benchmark.standard_cases(DTYPES) + extra
+
+
+def _significant(ms: float) -> float:
+    """Four significant digits: more is noise, and fewer changed digits keep regenerated tables diffable."""
+    return float(f"{ms:.4g}")
+
+
+def _capability(text, where: str) -> list[int]:
+    if isinstance(text, (list, tuple)) and len(text) == 2:
+        return [int(x) for x in text]
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(text))
+    if not match:
+        raise BenchmarkFormatError(f"{where}: compute_capability must look like '9.0', got {text!r}")
+    return [int(match[1]), int(match[2])]
+
+
+def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark JSON") -> dict:
+    """The calibration table (a dict for `calibration.dumps`) from a benchmark document.
+
+    Per case: "sdpa" is sageattn forced to SDPA when it was timed (same call overhead as the other
+    backends), else torch's SDPA; each other backend is its forced timing, or the headline figure
+    when the run forced the headline to it. A backend that failed or fell back has no time there.
+    argv: the calibrate command's arguments, quoted in the `_generated` line."""
+    if not isinstance(doc, dict):
+        raise BenchmarkFormatError(f"{source}: must be a JSON object")
+    perf = doc["performance"] if isinstance(doc.get("performance"), dict) else doc
+    env = doc.get("environment")
+    if not isinstance(env, dict):
+        raise BenchmarkFormatError(
+            f"{source}: no 'environment' (GPU, capability, torch, Triton, date, command); write the "
+            f"benchmark with this version: `python -m sageattention.benchmark --json FILE` or `{PROG} "
+            "--benchmark-json FILE`")
+    for key in ("compute_capability", "gpu_name", "torch", "date", "command"):
+        if not env.get(key):
+            raise BenchmarkFormatError(f"{source}: environment.{key} is missing or empty")
+    rows = perf.get("cases")
+    if not isinstance(rows, list) or not rows:
+        raise BenchmarkFormatError(f"{source}: no benchmark 'cases'")
+    if not perf.get("method"):
+        raise BenchmarkFormatError(f"{source}: 'method' (how the timings were taken) is missing")
+    headline = perf.get("primary_backend")
+    entries = []
+    for i, row in enumerate(rows):
+        try:
+            shape = {k: row[k] for k in calibration.ENTRY_SHAPE_KEYS}
+        except (KeyError, TypeError) as exc:
+            raise BenchmarkFormatError(f"{source}: cases[{i}] lacks {exc}") from exc
+        timed = row.get("backends") or {}
+        ms = {name: res["ms"] for name, res in timed.items()
+              if name in BACKEND_NAMES and res.get("ms") and res.get("ran") == name}
+        if SDPA not in ms and row.get("sdpa_ms"):
+            ms[SDPA] = row["sdpa_ms"]
+        if headline in BACKEND_NAMES and headline not in ms and row.get("backend") == headline \
+                and row.get("sageattn_ms"):
+            ms[headline] = row["sageattn_ms"]
+        entries.append({**shape, "ms": {name: _significant(t) for name, t in ms.items()}})
+    capability = _capability(env["compute_capability"], f"{source}: environment")
+    return {"_generated": generated_line(argv, capability), "schema_version": calibration.SCHEMA_VERSION,
+            "capability": capability,
+            "gpu_name": env["gpu_name"], "torch": env["torch"], "triton": env.get("triton"),
+            "date": env["date"], "command": env["command"], "method": perf["method"], "entries": entries}
+
+
+def generated_line(argv: list[str], capability: list[int]) -> str:
+    target = f"sageattention/calibration/{calibration.file_name(capability)}"
+    return (f"Generated by `{PROG} {shlex.join(argv)}` from the measurements that `command` took "
+            f"(method: see `method`); do not edit. To measure again on a GPU of compute capability "
+            f"{capability[0]}.{capability[1]}: `{PROG} --out {target}`; to rebuild from a stored "
+            f"benchmark JSON without a GPU: `{PROG} --from-benchmark BENCH.json --out {target}`.")
+
+
+def _out_capability(path: Path) -> tuple[int, int] | None:
+    """(9, 0) for an output named sm90.json, None for any other name."""
+    match = re.fullmatch(r"sm(\d+)(\d)\.json", path.name)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Measure SDPA and every sageattention backend on the calibration grid and write "
+                    "the calibration table that sageattn's dispatcher reads to pick the fastest "
+                    "backend per shape (SDPA included), or build that table from a stored benchmark "
+                    "JSON without a GPU.",
+        epilog=f"Grid: the 20 standard benchmark cases plus, for {' and '.join(DTYPES)}, head dims "
+               f"{' and '.join(map(str, EXTRA_HEAD_DIMS))}, causal and not, (batch, seq_len) in "
+               f"{', '.join(f'({b}, {n})' for b, n in EXTRA_SHAPES)} with {EXTRA_HEADS} heads. "
+               "Timings are end to end (quantization included), median of triton.testing.do_bench. "
+               "The dispatcher reads sageattention/calibration/sm<major><minor>.json for a GPU of "
+               "exactly that capability; SAGEATTENTION_CALIBRATION=off disables it. Exit status: 0 "
+               "written, 2 bad arguments or input, or no GPU to measure on.")
+    p.add_argument("--out", required=True, metavar="PATH",
+                   help="the table to write, e.g. sageattention/calibration/sm90.json (a name "
+                        "sm<major><minor>.json must match the measured GPU)")
+    p.add_argument("--from-benchmark", metavar="BENCH.json",
+                   help="build the table from this stored benchmark JSON instead of measuring (no GPU "
+                        "needed): the output of --benchmark-json, of `python -m sageattention.benchmark "
+                        "--json`, or a validation report")
+    p.add_argument("--benchmark-json", metavar="PATH",
+                   help="when measuring, also write the raw benchmark JSON here (commit it to let "
+                        "anyone rebuild the table with --from-benchmark)")
+    p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
+    p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up per timing")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per timing")
+    p.add_argument("--no-accuracy", action="store_true",
+                   help="skip the fp32 SDPA comparison recorded in the benchmark JSON")
+    return p
+
+
+def _measure(args, argv: list[str]) -> dict:
+    """Run the grid on the GPU; the benchmark document (as `python -m sageattention.benchmark --json`)."""
+    from sageattention import dispatch
+    from sageattention.validation.api import Api
+
+    device = torch.device(args.device)
+    cases = calibration_cases()
+    others = benchmark.known_backends() + [SDPA]
+    major, minor = torch.cuda.get_device_capability(device)
+    print(f"{torch.cuda.get_device_name(device)} (sm{major}{minor}), torch {torch.__version__}: "
+          f"{len(cases)} cases; timing torch SDPA and, forced, {', '.join(others)}; writing {args.out}",
+          flush=True)
+    # Off while measuring: the headline figure is then the static order, and nothing measured
+    # depends on the table being replaced.
+    with dispatch.use_calibration(False):
+        result = benchmark.run(cases, api=Api.from_package(), device=device,
+                               timer=benchmark.cuda_timer(args.warmup_ms, args.rep_ms), primary=None,
+                               others=others, accuracy=not args.no_accuracy,
+                               progress=lambda line: print(line, flush=True))
+        doc = benchmark.document(result, device)
+    doc["environment"]["command"] = f"{PROG} {shlex.join(argv)}"
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.from_benchmark and args.benchmark_json:
+        parser.error("--benchmark-json writes the measurements of a GPU run; it does not go with "
+                     "--from-benchmark")
+    out = Path(args.out)
+    if args.from_benchmark:
+        source = args.from_benchmark
+        try:
+            doc = json.loads(Path(source).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read the benchmark JSON {source}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        if not torch.cuda.is_available():
+            print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); measuring needs "
+                  f"the GPU the table is for. Without a GPU: {PROG} --from-benchmark BENCH.json --out "
+                  f"{args.out}", file=sys.stderr)
+            return 2
+        here = tuple(torch.cuda.get_device_capability(torch.device(args.device)))
+        if _out_capability(out) not in (None, here):
+            print(f"error: --out {out.name} names another GPU than {args.device} "
+                  f"(sm{here[0]}{here[1]}); use {calibration.file_name(here)}", file=sys.stderr)
+            return 2
+        source = args.benchmark_json or "measurements"
+        doc = _measure(args, argv)
+        if args.benchmark_json:
+            _write(Path(args.benchmark_json), json.dumps(doc, indent=2) + "\n")
+            print(f"wrote {args.benchmark_json}")
+    try:
+        table = table_from_benchmark(doc, argv=argv, source=source)
+        text = calibration.dumps(table)
+    except (BenchmarkFormatError, calibration.CalibrationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if _out_capability(out) not in (None, tuple(table["capability"])):
+        print(f"error: --out {out.name} does not match the measured GPU (capability "
+              f"{table['capability'][0]}.{table['capability'][1]}); use "
+              f"{calibration.file_name(table['capability'])}", file=sys.stderr)
+        return 2
+    _write(out, text)
+    print(f"wrote {out}: {len(table['entries'])} entries from {table['gpu_name']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Calibration tables: measured milliseconds of each backend on a grid of shapes, per GPU capability.
+
+`sm<major><minor>.json` in this package is the table for GPUs of exactly that compute capability,
+written from real measurements by `python -m sageattention.calibrate` (its `_generated` line says
+how to regenerate it). The dispatcher reads it to pick, for a call's shape, the backend that was
+measured fastest, SDPA included. This module owns the format: validating a table, finding the
+entry nearest to a shape, and writing a table. Loading for the dispatcher never raises: a missing
+file means "no calibration"; a broken one is logged once and the static order is used.
+
+Schema (version 1):
+
+    {"_generated": "...", "schema_version": 1, "capability": [9, 0], "gpu_name": "...",
+     "torch": "...", "triton": "..." | null, "date": "...", "command": "...", "method": "...",
+     "entries": [{"dtype": "fp16", "batch": 4, "heads": 32, "seq_len": 4096, "head_dim": 128,
+                  "causal": false, "ms": {"sdpa": 0.96, "cuda-sm80-fp16": 2.2}}, ...]}
+
+A backend missing from an entry's "ms" was not measured there (it did not run).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..backends import BACKEND_NAMES
+from ..benchmark import DTYPES, Case
+
+__all__ = ["SCHEMA_VERSION", "CalibrationError", "Entry", "Table", "dtype_name", "dumps", "file_name",
+           "for_capability", "load", "parse"]
+
+SCHEMA_VERSION = 1
+# Top-level keys, in the order a written table lists them (after "_generated").
+META_KEYS = ("schema_version", "capability", "gpu_name", "torch", "triton", "date", "command", "method")
+ENTRY_SHAPE_KEYS = ("dtype", "batch", "heads", "seq_len", "head_dim", "causal")
+logger = logging.getLogger("sageattention")
+
+
+class CalibrationError(ValueError):
+    """A calibration table that does not follow the schema; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One measured shape (seq_q = seq_k = seq_len) and the milliseconds of each backend that ran."""
+
+    dtype: str
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    ms: tuple[tuple[str, float], ...]  # (backend, ms), in BACKEND_NAMES order
+
+    @property
+    def name(self) -> str:
+        """The benchmark's name of this case, e.g. "fp16 4x32x4096x128 non-causal"."""
+        return Case(self.dtype, self.batch, self.heads, self.seq_len, self.head_dim, self.causal).name
+
+    def time(self, backend: str) -> float | None:
+        """Measured milliseconds of `backend` here, or None (not measured)."""
+        return dict(self.ms).get(backend)
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cheap dispatch cache key
+class Table:
+    """A validated calibration table."""
+
+    label: str            # "sm90": how reasons name the table
+    source: str           # the file it was read from (or what the caller passed)
+    capability: tuple[int, int]
+    gpu_name: str
+    torch: str
+    triton: str | None
+    date: str
+    command: str
+    method: str
+    generated: str
+    entries: tuple[Entry, ...]
+
+    def nearest(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
+                batch_heads: int) -> Entry | None:
+        """The entry closest to this shape, or None when the table has no entry of this causal
+        flag. Entries of the same dtype are preferred, else those of the other half dtype (fp16 and
+        bf16 run the same kernels at the same speed; the entry's name says which was measured);
+        then the same head dim, else the nearest head dim (ties: the smaller); among those, the
+        smallest distance in (log2 seq_q, log2 seq_k, log2 batch*heads), ties going to the first
+        entry in the table's order."""
+        pool = [e for e in self.entries if e.causal == causal]
+        same_dtype = [e for e in pool if e.dtype == dtype]
+        pool = same_dtype or pool
+        if not pool:
+            return None
+        dim = min({e.head_dim for e in pool}, key=lambda d: (abs(d - head_dim), d))
+        point = tuple(math.log2(max(x, 1)) for x in (seq_q, seq_k, batch_heads))
+
+        def distance(e: Entry) -> float:
+            n = math.log2(e.seq_len)
+            there = (n, n, math.log2(e.batch * e.heads))
+            return sum((a - b) ** 2 for a, b in zip(point, there))
+
+        return min((e for e in pool if e.head_dim == dim), key=distance)
+
+
+# --- validation -------------------------------------------------------------------------------
+
+def _fail(source: str, where: str, problem: str) -> CalibrationError:
+    return CalibrationError(f"calibration table {source}: {where}: {problem}")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _positive_ms(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and value > 0
+
+
+def _entry(raw, i: int, source: str) -> Entry:
+    where = f"entries[{i}]"
+    if not isinstance(raw, dict):
+        raise _fail(source, where, f"must be an object, got {type(raw).__name__}")
+    missing = [k for k in (*ENTRY_SHAPE_KEYS, "ms") if k not in raw]
+    if missing:
+        raise _fail(source, where, f"missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(raw) - {*ENTRY_SHAPE_KEYS, "ms"})
+    if unknown:
+        raise _fail(source, where, f"unknown key(s) {', '.join(unknown)}")
+    if raw["dtype"] not in DTYPES:
+        raise _fail(source, f"{where}.dtype", f"{raw['dtype']!r} is not one of {', '.join(DTYPES)}")
+    for key in ("batch", "heads", "seq_len", "head_dim"):
+        if not _positive_int(raw[key]):
+            raise _fail(source, f"{where}.{key}", f"must be a positive integer, got {raw[key]!r}")
+    if not isinstance(raw["causal"], bool):
+        raise _fail(source, f"{where}.causal", f"must be true or false, got {raw['causal']!r}")
+    ms = raw["ms"]
+    if not isinstance(ms, dict) or not ms:
+        raise _fail(source, f"{where}.ms", "must be a non-empty object {backend: milliseconds}")
+    for name, value in ms.items():
+        if name not in BACKEND_NAMES:
+            raise _fail(source, f"{where}.ms[{name!r}]",
+                        f"unknown backend; the backends are: {', '.join(BACKEND_NAMES)}")
+        if not _positive_ms(value):
+            raise _fail(source, f"{where}.ms[{name!r}]",
+                        f"must be a positive finite number of milliseconds, got {value!r}")
+    return Entry(raw["dtype"], raw["batch"], raw["heads"], raw["seq_len"], raw["head_dim"], raw["causal"],
+                 tuple((n, float(ms[n])) for n in BACKEND_NAMES if n in ms))
+
+
+def parse(data, *, source: str, label: str | None = None) -> Table:
+    """Validate a table (parsed JSON) and return it; CalibrationError names `source` and the field.
+
+    label: how dispatch reasons name the table (default: the capability, e.g. "sm90")."""
+    if not isinstance(data, dict):
+        raise _fail(source, "top level", f"must be an object, got {type(data).__name__}")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise _fail(source, "schema_version",
+                    f"{data.get('schema_version')!r} is not supported; this sageattention reads version "
+                    f"{SCHEMA_VERSION} (regenerate the table with `python -m sageattention.calibrate`)")
+    missing = [k for k in ("_generated", *META_KEYS, "entries") if k not in data]
+    if missing:
+        raise _fail(source, "top level", f"missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(data) - {"_generated", *META_KEYS, "entries"})
+    if unknown:
+        raise _fail(source, "top level", f"unknown key(s) {', '.join(unknown)}")
+    cap = data["capability"]
+    if not (isinstance(cap, list) and len(cap) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            and x >= 0 for x in cap)):
+        raise _fail(source, "capability", f"must be [major, minor], got {cap!r}")
+    for key in ("_generated", "gpu_name", "torch", "date", "command", "method"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise _fail(source, key, f"must be a non-empty string, got {data[key]!r}")
+    if data["triton"] is not None and not isinstance(data["triton"], str):
+        raise _fail(source, "triton", f"must be a version string or null, got {data['triton']!r}")
+    if not isinstance(data["entries"], list) or not data["entries"]:
+        raise _fail(source, "entries", "must be a non-empty list")
+    entries = tuple(_entry(raw, i, source) for i, raw in enumerate(data["entries"]))
+    shapes = [e.name for e in entries]
+    twice = sorted({s for s in shapes if shapes.count(s) > 1})
+    if twice:
+        raise _fail(source, "entries", f"shape(s) listed more than once: {'; '.join(twice)}")
+    capability = (cap[0], cap[1])
+    return Table(label=label or f"sm{cap[0]}{cap[1]}", source=source, capability=capability,
+                 gpu_name=data["gpu_name"], torch=data["torch"], triton=data["triton"], date=data["date"],
+                 command=data["command"], method=data["method"], generated=data["_generated"],
+                 entries=entries)
+
+
+def load(path, *, label: str | None = None) -> Table:
+    """Read and validate a table file (a path or an importlib.resources Traversable); CalibrationError
+    (naming the file) when it is unusable."""
+    try:
+        text = path.read_text(encoding="utf-8") if hasattr(path, "read_text") else \
+            Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CalibrationError(f"calibration table {path}: cannot be read ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CalibrationError(f"calibration table {path}: not valid JSON ({exc})") from exc
+    return parse(data, source=str(path), label=label)
+
+
+# --- the dispatcher's view: one table per capability, never an exception ------------------------
+
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtype_name(dtype) -> str | None:
+    """The table's name of a torch dtype ("fp16", "bf16"), or None for one the table never holds."""
+    return _DTYPE_NAMES.get(dtype)
+
+
+def file_name(capability: tuple[int, int]) -> str:
+    """The package file holding the table for GPUs of this capability: (9, 0) -> "sm90.json"."""
+    return f"sm{capability[0]}{capability[1]}.json"
+
+
+def tables_folder():
+    """Where the packaged tables are (this package's folder; tests point it elsewhere)."""
+    return resources.files(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def for_capability(capability: tuple[int, int]) -> Table | None:
+    """The packaged table for this exact capability, or None: no file for it (not calibrated), or a
+    broken file (logged once as a warning; the dispatcher then uses the static order)."""
+    name = file_name(capability)
+    try:
+        resource = tables_folder().joinpath(name)
+        if not resource.is_file():
+            return None
+        table = load(resource)
+        if table.capability != tuple(capability):
+            raise CalibrationError(f"calibration table {resource}: capability: {list(table.capability)} "
+                                   f"does not match the file name {name}")
+        return table
+    except Exception as exc:  # noqa: BLE001 - a bad table must never break a sageattn call
+        logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen in the "
+                       "static preference order", name, exc)
+        return None
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def _entry_sort_key(e: dict) -> tuple:
+    return (e["dtype"], e["head_dim"], e["causal"], e["seq_len"], e["batch"], e["heads"])
+
+
+def dumps(data: dict) -> str:
+    """The table as written to disk: validated first, entries sorted by (dtype, head_dim, causal,
+    seq_len, batch, heads), ms keys sorted, one entry per line; the same table gives the same text."""
+    parse(data, source="<table being written>")
+    entries = sorted(data["entries"], key=_entry_sort_key)
+    head = {"_generated": data["_generated"], **{k: data[k] for k in META_KEYS}}
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    rows = [json.dumps({**{k: e[k] for k in ENTRY_SHAPE_KEYS}, "ms": dict(sorted(e["ms"].items()))})
+            for e in entries]
+    body = ",\n".join(f"    {r}" for r in rows)
+    return "{\n" + "\n".join(lines) + '\n  "entries": [\n' + body + "\n  ]\n}\n"

@@ -1,0 +1,406 @@
+"""Calibration tables: the format and its validation, the nearest-entry lookup, the packaged-table
+loader (which never breaks a call), and `python -m sageattention.calibrate` without a GPU."""
+
+import copy
+import json
+import logging
+import re
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import benchmark, calibrate, calibration, dispatch
+from sageattention.calibration import CalibrationError
+
+GOOD = {
+    "_generated": "synthetic test table",
+    "schema_version": 1,
+    "capability": [9, 0],
+    "gpu_name": "Test GPU",
+    "torch": "2.11.0",
+    "triton": None,
+    "date": "2026-12-03",
+    "command": "test",
+    "method": "synthetic",
+    "entries": [
+        {"dtype": "fp16", "batch": 4, "heads": 32, "seq_len": 4096, "head_dim": 128, "causal": False,
+         "ms": {"sdpa": 0.96, "cuda-sm80-fp16": 2.2}},
+        {"dtype": "fp16", "batch": 1, "heads": 32, "seq_len": 16384, "head_dim": 128, "causal": False,
+         "ms": {"sdpa": 3.5}},
+        {"dtype": "fp16", "batch": 32, "heads": 32, "seq_len": 128, "head_dim": 64, "causal": False,
+         "ms": {"cuda-sm89-fp8": 0.1}},
+        {"dtype": "fp16", "batch": 16, "heads": 32, "seq_len": 512, "head_dim": 256, "causal": False,
+         "ms": {"sdpa": 0.4}},
+        {"dtype": "bf16", "batch": 4, "heads": 32, "seq_len": 4096, "head_dim": 128, "causal": True,
+         "ms": {"sdpa": 0.5}},
+    ],
+}
+
+
+def mutated(path, value):
+    """GOOD with the key at `path` (a tuple of keys/indices) set to `value` (or deleted: ...)."""
+    data = copy.deepcopy(GOOD)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is ...:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return data
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+def test_a_good_table_parses():
+    t = calibration.parse(GOOD, source="good.json")
+    assert (t.label, t.capability, t.triton, len(t.entries)) == ("sm90", (9, 0), None, 5)
+    e = t.entries[0]
+    assert e.name == "fp16 4x32x4096x128 non-causal"
+    assert e.ms == (("cuda-sm80-fp16", 2.2), ("sdpa", 0.96))  # BACKEND_NAMES order
+    assert e.time("sdpa") == 0.96 and e.time("cuda-sm89-fp8") is None
+
+
+@pytest.mark.parametrize("path,value,match", [
+    (("schema_version",), 2, r"schema_version: 2 is not supported; this sageattention reads version 1"),
+    (("schema_version",), ..., r"schema_version: None is not supported"),
+    (("gpu_name",), ..., r"top level: missing key\(s\) gpu_name"),
+    (("_generated",), ..., r"top level: missing key\(s\) _generated"),
+    (("speed",), 1, r"top level: unknown key\(s\) speed"),
+    (("capability",), "9.0", r"capability: must be \[major, minor\]"),
+    (("date",), "", r"date: must be a non-empty string"),
+    (("triton",), 3.6, r"triton: must be a version string or null"),
+    (("entries",), [], r"entries: must be a non-empty list"),
+    (("entries", 0, "dtype"), "fp8", r"entries\[0\]\.dtype: 'fp8' is not one of fp16, bf16"),
+    (("entries", 1, "seq_len"), 0, r"entries\[1\]\.seq_len: must be a positive integer"),
+    (("entries", 1, "batch"), 2.0, r"entries\[1\]\.batch: must be a positive integer"),
+    (("entries", 0, "causal"), "no", r"entries\[0\]\.causal: must be true or false"),
+    (("entries", 0, "heads"), ..., r"entries\[0\]: missing key\(s\) heads"),
+    (("entries", 0, "ms"), {}, r"entries\[0\]\.ms: must be a non-empty object"),
+    (("entries", 0, "ms", "flash"), 1.0, r"entries\[0\]\.ms\['flash'\]: unknown backend; the backends "
+                                         r"are: cuda-sm89-fp8, .*sdpa"),
+    (("entries", 0, "ms", "sdpa"), 0, r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite number"),
+    (("entries", 0, "ms", "sdpa"), float("nan"), r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite"),
+    (("entries", 0, "ms", "sdpa"), float("inf"), r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite"),
+    (("entries", 0, "ms", "sdpa"), True, r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite"),
+    (("entries", 1), dict(GOOD["entries"][0]), r"entries: shape\(s\) listed more than once: fp16 "
+                                               r"4x32x4096x128 non-causal"),
+])
+def test_validation_names_the_file_and_the_field(path, value, match):
+    with pytest.raises(CalibrationError, match=r"calibration table bad\.json: " + match):
+        calibration.parse(mutated(path, value), source="bad.json")
+
+
+def test_load_names_the_file(tmp_path):
+    with pytest.raises(CalibrationError, match="nope.json: cannot be read"):
+        calibration.load(tmp_path / "nope.json")
+    broken = tmp_path / "sm90.json"
+    broken.write_text("{not json")
+    with pytest.raises(CalibrationError, match=r"sm90.json: not valid JSON"):
+        calibration.load(broken)
+    broken.write_text(json.dumps(GOOD))
+    assert calibration.load(broken).source == str(broken)
+
+
+# --- nearest entry ----------------------------------------------------------------------------------
+
+def nearest(**kw):
+    base = dict(dtype="fp16", head_dim=128, causal=False, seq_q=4096, seq_k=4096, batch_heads=128)
+    base.update(kw)
+    return calibration.parse(GOOD, source="t").nearest(**base)
+
+
+def test_nearest_by_log_distance_within_the_head_dim():
+    assert nearest().name == "fp16 4x32x4096x128 non-causal"
+    assert nearest(seq_q=12000, seq_k=12000, batch_heads=32).name == "fp16 1x32x16384x128 non-causal"
+    # log2 space: 8192 is as far from 4096 as from 16384; batch*heads 64 decides (128 vs 32: a tie
+    # too), so the first entry in the table's order wins
+    assert nearest(seq_q=8192, seq_k=8192, batch_heads=64).name == "fp16 4x32x4096x128 non-causal"
+    # cross-attention: seq_q and seq_k count separately
+    assert nearest(seq_q=16384, seq_k=16384, batch_heads=128).name == "fp16 1x32x16384x128 non-causal"
+    assert nearest(seq_q=4096, seq_k=16384, batch_heads=32).name == "fp16 1x32x16384x128 non-causal"
+    assert nearest(seq_q=4096, seq_k=16384, batch_heads=128).name == "fp16 4x32x4096x128 non-causal"
+
+
+def test_same_head_dim_first_then_the_nearest_head_dim():
+    # 128 exists: the 128 entries win even though a d=64 entry is nearer in shape
+    assert nearest(seq_q=128, seq_k=128, batch_heads=1024).head_dim == 128
+    assert nearest(head_dim=80).head_dim == 64
+    assert nearest(head_dim=192).head_dim == 128        # 64 from 128, 64 from 256: the smaller
+    assert nearest(head_dim=200).head_dim == 256
+
+
+def test_same_dtype_first_then_the_other_half_dtype_and_never_the_other_causal_flag():
+    # no bf16 non-causal entries: the fp16 ones stand in (the entry's name says fp16)
+    assert nearest(dtype="bf16").name == "fp16 4x32x4096x128 non-causal"
+    # the only causal entry is bf16: fp16 causal calls use it; non-causal entries never stand in
+    assert nearest(dtype="fp16", causal=True).name == "bf16 4x32x4096x128 causal"
+    assert nearest(dtype="bf16", causal=True).name == "bf16 4x32x4096x128 causal"
+    no_causal = calibration.parse({**GOOD, "entries": [e for e in GOOD["entries"] if not e["causal"]]},
+                                  source="t")
+    assert no_causal.nearest(dtype="fp16", head_dim=128, causal=True, seq_q=1, seq_k=1,
+                             batch_heads=1) is None
+    assert nearest(seq_q=0, seq_k=0, batch_heads=0) is not None  # empty calls do not crash
+
+
+def test_dtype_names():
+    assert calibration.dtype_name(torch.float16) == "fp16"
+    assert calibration.dtype_name(torch.bfloat16) == "bf16"
+    assert calibration.dtype_name(torch.float32) is None
+
+
+# --- the packaged table: per capability, never an exception ----------------------------------------
+
+@pytest.fixture
+def package_dir(tmp_path, monkeypatch):
+    """for_capability() reading its tables from tmp_path instead of the package folder."""
+    monkeypatch.setattr(calibration, "tables_folder", lambda: tmp_path)
+    calibration.for_capability.cache_clear()
+    yield tmp_path
+    calibration.for_capability.cache_clear()
+
+
+def test_no_file_means_no_calibration(package_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        assert calibration.for_capability((9, 0)) is None
+    assert caplog.records == []
+
+
+def test_the_exact_capability_file_is_read(package_dir):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    table = calibration.for_capability((9, 0))
+    assert table.label == "sm90" and table.source.endswith("sm90.json")
+    assert calibration.for_capability((9, 0)) is table           # cached: one object, one cache key
+    assert calibration.for_capability((8, 9)) is None             # exact (major, minor) only
+
+
+@pytest.mark.parametrize("text,match", [
+    ("{not json", "not valid JSON"),
+    (json.dumps(mutated(("entries", 0, "ms", "sdpa"), -1)), r"entries\[0\]\.ms\['sdpa'\]"),
+    (json.dumps(mutated(("capability",), [8, 9])), r"capability: \[8, 9\] does not match the file name "
+                                                   r"sm90.json"),
+])
+def test_a_broken_file_is_logged_once_and_ignored(package_dir, caplog, text, match):
+    (package_dir / "sm90.json").write_text(text)
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        assert calibration.for_capability((9, 0)) is None
+        assert calibration.for_capability((9, 0)) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sageattention"]
+    assert len(warnings) == 1
+    assert "ignoring calibration table sm90.json" in warnings[0] and "static preference order" in warnings[0]
+    assert re.search(match, warnings[0])
+
+
+def test_a_broken_file_never_breaks_sageattn(package_dir, monkeypatch):
+    (package_dir / "sm90.json").write_text("{not json")
+    monkeypatch.delenv("SAGEATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("SAGEATTENTION_CALIBRATION", raising=False)
+    assert dispatch.calibration_for((9, 0)) is None
+    q = torch.randn(1, 2, 8, 64)
+    torch.testing.assert_close(sa.sageattn(q, q, q), torch.nn.functional.scaled_dot_product_attention(q, q, q))
+
+
+def test_the_package_ships_no_placeholder_table():
+    """Only measured tables belong in sageattention/calibration/ (written by sageattention.calibrate)."""
+    folder = Path(calibration.__file__).parent
+    for path in folder.glob("*.json"):
+        table = calibration.load(path)
+        assert path.name == calibration.file_name(table.capability)
+        assert "sageattention.calibrate" in table.generated
+
+
+# --- writing ---------------------------------------------------------------------------------------
+
+def test_dumps_is_sorted_stable_and_valid():
+    shuffled = copy.deepcopy(GOOD)
+    shuffled["entries"].reverse()
+    shuffled["entries"][0]["ms"] = dict(reversed(list(shuffled["entries"][0]["ms"].items())))
+    text = calibration.dumps(shuffled)
+    assert text == calibration.dumps(GOOD)
+    assert text.startswith('{\n  "_generated": "synthetic test table",\n  "schema_version": 1,')
+    assert json.loads(text)["entries"][0]["dtype"] == "bf16"  # sorted by dtype first
+    assert calibration.parse(json.loads(text), source="t").entries
+    with pytest.raises(CalibrationError, match="table being written"):
+        calibration.dumps(mutated(("entries", 0, "ms", "sdpa"), 0))
+
+
+# --- python -m sageattention.calibrate ---------------------------------------------------------------
+
+def test_calibration_grid():
+    cases = calibrate.calibration_cases()
+    names = [c.name for c in cases]
+    assert len(cases) == 20 + 2 * 2 * 3 * 2 and len(set(names)) == len(names)
+    assert {c.name for c in benchmark.standard_cases()} <= set(names)
+    assert "bf16 32x32x128x64 causal" in names and "fp16 2x32x8192x128 non-causal" in names
+    assert {c.heads for c in cases} == {32}
+
+
+def bench_doc(primary="default dispatch"):
+    """A small benchmark document as `python -m sageattention.benchmark --json` writes it."""
+    def row(dtype, b, n, d, causal, sdpa_ms, headline, backends):
+        return {"name": benchmark.Case(dtype, b, 32, n, d, causal).name, "dtype": dtype, "batch": b,
+                "heads": 32, "seq_len": n, "head_dim": d, "causal": causal, "sdpa_ms": sdpa_ms,
+                "backend": headline[0], "sageattn_ms": headline[1], "backends": backends}
+
+    return {
+        "method": "synthetic timings",
+        "primary_backend": primary,
+        "cases": [
+            row("fp16", 4, 4096, 128, False, 0.9612345, ("cuda-sm89-fp8", 2.0), {
+                "cuda-sm89-fp8": {"ran": "cuda-sm89-fp8", "ms": 2.0},
+                "cuda-sm80-fp16": {"ran": "cuda-sm80-fp16", "ms": 2.2},
+                "cuda-sm75-fp16": {"ran": None, "error": "BackendUnavailableError: not in this build"},
+                "triton-fp16": {"ran": "sdpa", "error": "forced triton-fp16 but sdpa ran"},
+                "sdpa": {"ran": "sdpa", "ms": 1.0}}),
+            row("bf16", 32, 128, 64, True, 0.05, ("cuda-sm89-fp8", 0.04), {}),
+        ],
+        "gpu_name": "Test GPU",
+        "torch": "2.11.0",
+        "environment": {"gpu_name": "Test GPU", "compute_capability": "9.0", "torch": "2.11.0",
+                        "triton": "3.6.0", "date": "2026-12-03T00:00:00+00:00",
+                        "command": "python -m sageattention.calibrate --out sm90.json"},
+    }
+
+
+def test_from_benchmark_builds_the_table_without_a_gpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(bench_doc()))
+    out = tmp_path / "sm90.json"
+    argv = ["--from-benchmark", str(bench), "--out", str(out)]
+    assert calibrate.main(argv) == 0
+    assert f"wrote {out}: 2 entries from Test GPU" in capsys.readouterr().out
+    table = calibration.load(out)
+    assert table.capability == (9, 0) and table.triton == "3.6.0" and table.method == "synthetic timings"
+    assert table.command == "python -m sageattention.calibrate --out sm90.json"
+    assert f"python -m sageattention.calibrate --from-benchmark {bench} --out {out}" in table.generated
+    assert "--out sageattention/calibration/sm90.json" in table.generated
+    fp16 = next(e for e in table.entries if e.dtype == "fp16")
+    # sageattn forced to SDPA (same call overhead as the others) beats torch's raw figure; failed or
+    # fallen-back backends are not measured; a default-dispatch headline is not a backend's time
+    assert dict(fp16.ms) == {"cuda-sm89-fp8": 2.0, "cuda-sm80-fp16": 2.2, "sdpa": 1.0}
+    bf16 = next(e for e in table.entries if e.dtype == "bf16")
+    assert dict(bf16.ms) == {"sdpa": 0.05}
+    # the same input and command give the same bytes
+    first = out.read_bytes()
+    assert calibrate.main(argv) == 0 and out.read_bytes() == first
+
+
+def test_from_benchmark_uses_a_forced_headline_and_rounds(tmp_path):
+    doc = bench_doc(primary="cuda-sm89-fp8")
+    doc["cases"][0]["backends"] = {}
+    table = calibrate.table_from_benchmark(doc, argv=["--out", "x.json"])
+    assert table["entries"][0]["ms"] == {"sdpa": 0.9612, "cuda-sm89-fp8": 2.0}
+
+
+def test_from_benchmark_reads_a_validation_report(tmp_path):
+    doc = bench_doc()
+    report = {"schema_version": 1, "environment": doc.pop("environment"), "performance": doc}
+    table = calibrate.table_from_benchmark(report, argv=[])
+    assert len(table["entries"]) == 2 and table["capability"] == [9, 0]
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda d: d.pop("environment"), "no 'environment'"),
+    (lambda d: d["environment"].pop("date"), "environment.date is missing"),
+    (lambda d: d["environment"].update(compute_capability="sm90"), "compute_capability must look like"),
+    (lambda d: d.update(cases=[]), "no benchmark 'cases'"),
+    (lambda d: d["cases"][0].pop("head_dim"), r"cases\[0\] lacks 'head_dim'"),
+])
+def test_from_benchmark_rejects_what_the_table_cannot_be_built_from(tmp_path, capsys, change, match):
+    doc = bench_doc()
+    change(doc)
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(doc))
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "sm90.json")]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    assert not (tmp_path / "sm90.json").exists()
+
+
+def test_out_name_must_match_the_measured_gpu(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(bench_doc()))
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "sm89.json")]) == 2
+    assert "use sm90.json" in capsys.readouterr().err
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "review.json")]) == 0
+
+
+def test_cli_help_and_refusals(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as done:
+        calibrate.main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("--out", "--from-benchmark", "--benchmark-json", "SAGEATTENTION_CALIBRATION", "(16, 512)"):
+        assert word in text
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert calibrate.main(["--out", str(tmp_path / "sm90.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU is visible" in err and "--from-benchmark" in err
+    assert calibrate.main(["--from-benchmark", str(tmp_path / "missing.json"), "--out", "x.json"]) == 2
+    assert "cannot read the benchmark JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        calibrate.main(["--from-benchmark", "a.json", "--benchmark-json", "b.json", "--out", "x.json"])
+    assert done.value.code == 2
+
+
+def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
+    """The GPU branch: grid, every backend plus forced SDPA, calibration off while timing, the raw
+    benchmark JSON kept, the table written from it exactly as --from-benchmark would."""
+    seen = {}
+
+    def fake_run(cases, *, api, device, timer, primary, others, accuracy, progress):
+        seen.update(cases=len(cases), others=others, primary=primary, enabled=dispatch.calibration_enabled())
+        return {"method": "synthetic timings", "primary_backend": "default dispatch",
+                "cases": bench_doc()["cases"]}
+
+    def fake_document(result, device):
+        doc = bench_doc()
+        return {**result, "environment": dict(doc["environment"], command="captured")}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(benchmark, "run", fake_run)
+    monkeypatch.setattr(benchmark, "document", fake_document)
+    assert calibrate.main(["--out", str(tmp_path / "sm89.json")]) == 2  # refused before measuring
+    assert "use sm90.json" in capsys.readouterr().err and not seen
+    out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
+    assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw)]) == 0
+    assert seen == {"cases": 44, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
+                    "enabled": False}
+    table = calibration.load(out)
+    assert table.command == f"python -m sageattention.calibrate --out {out} --benchmark-json {raw}"
+    rebuilt = tmp_path / "rebuilt" / "sm90.json"
+    assert calibrate.main(["--from-benchmark", str(raw), "--out", str(rebuilt)]) == 0
+    assert calibration.load(rebuilt).entries == table.entries
+
+
+def test_benchmark_json_carries_what_the_table_needs():
+    doc = benchmark.document({"cases": []}, torch.device("cpu"))
+    for key in ("torch", "triton", "date", "command", "compute_capability", "gpu_name"):
+        assert key in doc["environment"]
+    assert doc["dispatch_calibration"] is None
+
+
+# --- the wheel's exact file set ----------------------------------------------------------------------
+
+def test_wheel_file_set_includes_the_calibration_package_and_its_tables(tmp_path):
+    from scripts.factory import wheelcheck
+
+    root = tmp_path / "src"
+    (root / "sageattention" / "calibration").mkdir(parents=True)
+    (root / "sageattention" / "__init__.py").write_text("")
+    (root / "sageattention" / "calibration" / "__init__.py").write_text("")
+    (root / "sageattention" / "calibration" / "sm90.json").write_text("{}")
+    wheel = tmp_path / "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sageattention/_build_info.json", json.dumps({"families": []}))
+        zf.writestr("sageattention-2.2.0+sm90.torch2.11cu130.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: sageattention\nVersion: 2.2.0+sm90.torch2.11cu130\n")
+    expected = wheelcheck.expected_files(wheel, root)
+    assert {"sageattention/calibration/__init__.py", "sageattention/calibration/sm90.json"} <= expected
+    # and the real tree's loader module is part of every wheel
+    assert "sageattention/calibration/__init__.py" in wheelcheck.expected_files(wheel)

@@ -1,0 +1,283 @@
+"""The calibrated default dispatch: choose() with an injected calibration table, without a GPU."""
+
+import logging
+
+import pytest
+import torch
+
+import sageattention as sa
+from sageattention import calibration, core, dispatch
+from sageattention.dispatch import Inventory, Request, choose
+from sageattention.inputs import SAGEATTN_KEYWORDS, parse_call
+
+ALL = ("sm75", "sm80", "sm89")
+
+
+def inv(*families, triton=True):
+    native = {f: (None if f in families else "not in this build") for f in ALL}
+    return Inventory(native=native, triton=(True, "ok") if triton else (False, "Triton is not installed"))
+
+
+def req(cap=(9, 0), *, b=1, h=32, n=16384, d=128, causal=False, **kw):
+    base = dict(device_type="cuda", capability=cap, dtype=torch.float16, head_dim=d, batch_heads=b * h,
+                seq_q=n, seq_k=n, causal=causal)
+    base.update(kw)
+    return Request(**base)
+
+
+def entry(b, h, n, d, causal=False, dtype="fp16", **ms):
+    return {"dtype": dtype, "batch": b, "heads": h, "seq_len": n, "head_dim": d, "causal": causal,
+            "ms": {name.replace("_", "-"): t for name, t in ms.items()}}
+
+
+def table(*entries, label=None):
+    data = {"_generated": "synthetic test table", "schema_version": 1, "capability": [9, 0],
+            "gpu_name": "Test GPU", "torch": "2.11.0", "triton": "3.6.0", "date": "2026-12-03",
+            "command": "test", "method": "synthetic", "entries": list(entries)}
+    return calibration.parse(data, source="test table", label=label)
+
+
+# SDPA measured faster at long sequences, cuda-sm89-fp8 faster at short ones.
+MIXED = table(
+    entry(1, 32, 16384, 128, sdpa=0.95, cuda_sm80_fp16=2.1, cuda_sm89_fp8=2.5, triton_fp16=3.0,
+          cuda_sm75_fp16=4.0),
+    entry(32, 32, 128, 128, sdpa=0.20, cuda_sm80_fp16=0.15, cuda_sm89_fp8=0.10, triton_fp16=0.30),
+    entry(1, 32, 16384, 128, causal=True, sdpa=0.5, cuda_sm80_fp16=1.1),
+)
+
+
+# --- SDPA faster, native faster ------------------------------------------------------------------
+
+def test_sdpa_measured_faster_runs_sdpa_and_says_why_with_figures():
+    choice = choose(req(), inv(*ALL), calibration=MIXED)
+    assert choice.name == "sdpa" and choice.fallback and choice.calibrated
+    assert choice.reason == (
+        "SDPA is faster for this shape (calibration sm90, nearest measured: fp16 1x32x16384x128 "
+        "non-causal: sdpa 0.95 ms, cuda-sm80-fp16 2.1 ms, cuda-sm89-fp8 2.5 ms, triton-fp16 3 ms, "
+        "cuda-sm75-fp16 4 ms)")
+    assert choice.sentence().startswith("runs PyTorch SDPA: SDPA is faster for this shape")
+    assert (choice.qk_quant_gran, choice.pv_accum_dtype) == (None, None)
+
+
+def test_native_measured_faster_runs_native_and_names_the_calibration():
+    choice = choose(req(b=32, n=128), inv(*ALL), calibration=MIXED)
+    assert choice.name == "cuda-sm89-fp8" and not choice.fallback and choice.calibrated
+    assert (choice.qk_quant_gran, choice.pv_accum_dtype) == ("per_thread", "fp32+fp32")
+    assert choice.reason.startswith("fastest measured for this shape (calibration sm90, nearest measured: "
+                                    "fp16 32x32x128x128 non-causal: cuda-sm89-fp8 0.1 ms, "
+                                    "cuda-sm80-fp16 0.15 ms, sdpa 0.2 ms")
+
+
+def test_only_backends_that_can_run_the_call_compete():
+    # Without the sm89 family the fastest measured one that is installed wins; the reason lists only
+    # usable backends' figures and says why the others are out.
+    choice = choose(req(b=32, n=128), inv("sm80", "sm75"), calibration=MIXED)
+    assert choice.name == "cuda-sm80-fp16" and choice.calibrated
+    assert "cuda-sm89-fp8 0.1" not in choice.reason
+    assert "not usable here: cuda-sm89-fp8: family sm89 unavailable: not in this build" in choice.reason
+
+
+def test_nearest_entry_decides_in_log_space():
+    # 2x32x8192 is nearer (in log2 seq and log2 batch*heads) to 1x32x16384 than to 32x32x128.
+    assert choose(req(b=2, n=8192), inv(*ALL), calibration=MIXED).name == "sdpa"
+    assert choose(req(b=16, n=256), inv(*ALL), calibration=MIXED).name == "cuda-sm89-fp8"
+    # causal calls read causal entries only
+    causal = choose(req(causal=True, b=32, n=128), inv(*ALL), calibration=MIXED)
+    assert causal.name == "sdpa" and "fp16 1x32x16384x128 causal" in causal.reason
+
+
+def test_tie_goes_to_the_quantized_backend():
+    tied = table(entry(1, 32, 4096, 128, sdpa=1.0, cuda_sm89_fp8=1.0))
+    assert choose(req(n=4096), inv(*ALL), calibration=tied).name == "cuda-sm89-fp8"
+
+
+# --- unmeasured backends --------------------------------------------------------------------------
+
+def test_unmeasured_fitting_backends_come_after_measured_ones_in_the_static_order():
+    only_sm80 = table(entry(1, 32, 16384, 128, sdpa=2.0, cuda_sm80_fp16=1.5))
+    choice = choose(req(), inv(*ALL), calibration=only_sm80)
+    assert choice.name == "cuda-sm80-fp16" and choice.calibrated
+    assert "not measured there: cuda-sm89-fp8, triton-fp16, cuda-sm75-fp16" in choice.reason
+    # A measured SDPA beats backends that were not measured at all.
+    only_sdpa = table(entry(1, 32, 16384, 128, sdpa=9.0))
+    assert choose(req(), inv(*ALL), calibration=only_sdpa).name == "sdpa"
+
+
+def test_nothing_usable_measured_keeps_the_static_order_and_says_so():
+    # Only cuda-sm89-fp8 was measured, and this build does not have it.
+    fp8_only = table(entry(1, 32, 16384, 128, cuda_sm89_fp8=0.5))
+    choice = choose(req(), inv("sm80"), calibration=fp8_only)
+    assert choice.name == "cuda-sm80-fp16" and not choice.calibrated
+    assert choice.reason.startswith("first usable backend for sm90")
+    assert "calibration sm90 measured none of the usable backends at fp16 1x32x16384x128 non-causal" \
+        in choice.reason
+
+
+def test_no_entry_for_the_dtype_uses_the_other_half_dtype_and_says_so():
+    choice = choose(req(dtype=torch.bfloat16), inv(*ALL), calibration=MIXED)
+    assert choice.name == "sdpa" and choice.calibrated
+    assert "nearest measured: fp16 1x32x16384x128 non-causal" in choice.reason
+
+
+def test_no_entry_for_the_causal_flag_keeps_the_static_order():
+    non_causal_only = table(entry(1, 32, 16384, 128, sdpa=0.95, cuda_sm80_fp16=2.1))
+    choice = choose(req(causal=True), inv(*ALL), calibration=non_causal_only)
+    assert choice.name == "cuda-sm89-fp8" and not choice.calibrated
+    assert "calibration sm90 has no causal entries" in choice.reason
+
+
+def test_requested_options_still_pick_the_backend_that_provides_them():
+    # cuda-sm89-fp8 is fastest but lacks fp16+fp32 accumulation; the sm80 family has it, and it
+    # beats SDPA here, so it runs without an adjustment.
+    t = table(entry(1, 32, 16384, 128, sdpa=3.0, cuda_sm80_fp16=2.0, cuda_sm89_fp8=1.0))
+    choice = choose(req(pv_accum_dtype="fp16+fp32"), inv(*ALL), calibration=t)
+    assert choice.name == "cuda-sm80-fp16" and choice.pv_accum_dtype == "fp16+fp32"
+    assert not choice.adjustments
+
+
+# --- what the calibration does not decide ----------------------------------------------------------
+
+@pytest.mark.parametrize("kw,expect,reason", [
+    ({"device_type": "cpu", "capability": None}, "sdpa", "the inputs are on cpu"),
+    ({"dtype": torch.float32}, "sdpa", "the inputs are torch.float32"),
+    ({"requires_grad": True}, "sdpa", "the inputs require grad"),
+    ({"dropout": True}, "sdpa", "dropout_p > 0"),
+    ({"head_dim": 512}, "sdpa", "head dim 512 is not covered"),
+])
+def test_input_reasons_are_kept(kw, expect, reason):
+    choice = choose(req(**kw), inv(*ALL), calibration=MIXED)
+    assert choice.name == expect and choice.fallback and not choice.calibrated
+    assert choice.reason.startswith(reason)
+    assert choice == choose(req(**kw), inv(*ALL))  # the same choice as without a table
+
+
+def test_masked_calls_keep_the_static_order():
+    # The table times unmasked calls; a mask keeps Triton (which takes masks) or the old SDPA reason.
+    with_triton = choose(req(has_mask=True), inv(*ALL), calibration=MIXED)
+    assert with_triton.name == "triton-fp16" and not with_triton.calibrated
+    assert "calibration sm90 not used: it times calls without an attention mask" in with_triton.reason
+    without = choose(req(has_mask=True), inv(*ALL, triton=False), calibration=MIXED)
+    assert without.name == "sdpa" and not without.calibrated
+    assert without == choose(req(has_mask=True), inv(*ALL, triton=False))
+    assert "takes no attention mask" in without.reason
+
+
+def test_return_lse_and_unknown_shapes_keep_the_static_order():
+    lse = choose(req(return_lse=True), inv(*ALL), calibration=MIXED)
+    assert lse.name == "cuda-sm89-fp8" and "without return_lse" in lse.reason
+    shapeless = Request(device_type="cuda", capability=(9, 0), dtype=torch.float16, head_dim=128)
+    assert choose(shapeless, inv(*ALL), calibration=MIXED).name == "cuda-sm89-fp8"
+
+
+def test_forcing_wins_over_the_calibration():
+    forced = choose(req(), inv(*ALL), forced="cuda-sm89-fp8", calibration=MIXED)
+    assert forced.name == "cuda-sm89-fp8" and not forced.calibrated and "forced" in forced.reason
+    sdpa = choose(req(b=32, n=128), inv(*ALL), forced="sdpa", calibration=MIXED)
+    assert sdpa.name == "sdpa" and "forced" in sdpa.reason and not sdpa.calibrated
+
+
+def test_kernel_specific_functions_ignore_the_calibration():
+    for candidates in (("cuda-sm89-fp8",), ("cuda-sm80-fp16", "cuda-sm75-fp16"), ("triton-fp16",)):
+        choice = choose(req(), inv(*ALL), candidates=candidates, allow_fallback=False, calibration=MIXED)
+        assert choice.name == candidates[0] and not choice.calibrated
+    # sageattn_varlen: Triton only, fallback allowed; also not the default path
+    assert choose(req(), inv(*ALL), candidates=("triton-fp16",), calibration=MIXED).name == "triton-fp16"
+
+
+def test_kernel_specific_functions_never_read_the_table(monkeypatch):
+    looked_up = []
+    monkeypatch.setattr(dispatch, "calibration_for", lambda cap, env=None: looked_up.append(cap))
+    monkeypatch.delenv("SAGEATTENTION_BACKEND", raising=False)
+    q = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    sa.sageattn_qk_int8_pv_fp16_cuda(q, q, q)
+    sa.sageattn_qk_int8_pv_fp8_cuda(q, q, q)
+    sa.sageattn_qk_int8_pv_fp16_triton(q, q, q)
+    with sa.force_backend("sdpa"):
+        sa.sageattn(q, q, q)
+    assert looked_up == []
+    sa.sageattn(q, q, q)
+    assert looked_up == [None]  # the default path asks (CPU: capability None, so no table)
+
+
+def test_the_cache_key_holds_the_calibration():
+    with_table = choose(req(), inv(*ALL), calibration=MIXED)
+    without = choose(req(), inv(*ALL))
+    assert (with_table.name, without.name) == ("sdpa", "cuda-sm89-fp8")
+    other = table(entry(1, 32, 16384, 128, sdpa=5.0, cuda_sm89_fp8=1.0))
+    assert choose(req(), inv(*ALL), calibration=other).name == "cuda-sm89-fp8"
+    assert choose(req(), inv(*ALL), calibration=MIXED) is with_table
+
+
+# --- switching it off ---------------------------------------------------------------------------
+
+def test_env_var_values():
+    assert dispatch.calibration_enabled(env={}) is True
+    for value in ("on", "ON", " on ", ""):
+        assert dispatch.calibration_enabled(env={"SAGEATTENTION_CALIBRATION": value}) is True
+    assert dispatch.calibration_enabled(env={"SAGEATTENTION_CALIBRATION": "off"}) is False
+    with pytest.raises(ValueError, match=r"SAGEATTENTION_CALIBRATION='0' is not accepted; use one of: on, off"):
+        dispatch.calibration_enabled(env={"SAGEATTENTION_CALIBRATION": "0"})
+
+
+def test_use_calibration_context_wins_over_the_env_var():
+    off = {"SAGEATTENTION_CALIBRATION": "off"}
+    with dispatch.use_calibration(True):
+        assert dispatch.calibration_enabled(env=off) is True
+        with dispatch.use_calibration(False):
+            assert dispatch.calibration_enabled(env={}) is False
+        assert dispatch.calibration_enabled(env=off) is True
+    assert dispatch.calibration_enabled(env=off) is False
+    with pytest.raises(TypeError, match="True or False"):
+        with dispatch.use_calibration("off"):
+            pass
+
+
+def test_calibration_for_respects_the_switch(monkeypatch):
+    monkeypatch.setattr(calibration, "for_capability", lambda cap: MIXED)
+    assert dispatch.calibration_for((9, 0), env={}) is MIXED
+    assert dispatch.calibration_for((9, 0), env={"SAGEATTENTION_CALIBRATION": "off"}) is None
+    assert dispatch.calibration_for(None, env={}) is None
+    with dispatch.use_calibration(False):
+        assert dispatch.calibration_for((9, 0), env={}) is None
+
+
+def test_a_bad_env_value_fails_the_sageattn_call_clearly(monkeypatch):
+    monkeypatch.delenv("SAGEATTENTION_BACKEND", raising=False)
+    monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "fast")
+    q = torch.randn(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="SAGEATTENTION_CALIBRATION='fast'"):
+        sa.sageattn(q, q, q)
+    monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "off")
+    sa.sageattn(q, q, q)
+    assert sa.last_backend() == "sdpa"
+
+
+# --- the request and the log ------------------------------------------------------------------
+
+def test_request_carries_the_shape():
+    q = torch.randn(2, 6, 10, 64)
+    k = torch.randn(2, 3, 24, 64)
+    call = parse_call(q, k, k, tensor_layout="HND", is_causal=True, sm_scale=None, return_lse=False,
+                      options=dict(SAGEATTN_KEYWORDS))
+    r = dispatch.request_for(call)
+    assert (r.batch_heads, r.seq_q, r.seq_k, r.causal, r.return_lse) == (12, 10, 24, True, False)
+
+
+def test_a_calibrated_sdpa_choice_is_logged_once_at_info_not_as_a_warning(caplog, monkeypatch):
+    monkeypatch.setattr(dispatch, "_logged", set())
+    choice = choose(req(), inv(*ALL), calibration=MIXED)
+    q = torch.randn(1, 2, 8, 64)
+    call = parse_call(q, q, q, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
+                      options=dict(SAGEATTN_KEYWORDS))
+    with caplog.at_level(logging.INFO, logger="sageattention"):
+        for _ in range(3):
+            out = core._run(call, choice, q, q, q)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    records = [r for r in caplog.records if r.name == "sageattention"]
+    assert len(records) == 1 and records[0].levelno == logging.INFO
+    assert "SDPA is faster for this shape" in records[0].getMessage()
+    assert sa.last_backend() == "sdpa"
+    # a real fallback is still a warning
+    with caplog.at_level(logging.INFO, logger="sageattention"):
+        core._run(call, choose(req(dtype=torch.float32), inv(*ALL), calibration=MIXED), q, q, q)
+    assert caplog.records[-1].levelno == logging.WARNING
