@@ -16,7 +16,8 @@ from importlib import resources
 import torch
 
 SDPA = "sdpa"
-BACKEND_NAMES = ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16", SDPA)
+BACKEND_NAMES = ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16", "triton-fp8",
+                 SDPA)
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,14 @@ _NATIVE = (("cuda-sm89-fp8", "sm89", "qk_int8_pv_fp8"),
            ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
 
 
-def _triton_limits() -> tuple[tuple[int, int], frozenset | range]:
+def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range]]:
+    """(lowest capability, head dims) of the Triton kernels, per PV dtype."""
     try:
-        from sageattention import triton as triton_backend
-        low = tuple(triton_backend.MIN_CAPABILITY)
-        return low, range(1, int(triton_backend.MAX_HEAD_DIM) + 1)
-    except Exception:  # package absent or broken: the record stays, availability says why
-        return (8, 0), frozenset({64, 128})
+        from sageattention import triton as tb
+        return {"fp16": (tuple(tb.MIN_CAPABILITY), range(1, int(tb.MAX_HEAD_DIM) + 1)),
+                "fp8": (tuple(tb.MIN_CAPABILITY_FP8), range(1, int(tb.MAX_HEAD_DIM_FP8) + 1))}
+    except Exception:  # package absent or broken: the records stay, availability says why
+        return {"fp16": ((8, 0), frozenset({64, 128})), "fp8": ((8, 9), frozenset({64, 128}))}
 
 
 @functools.cache
@@ -99,11 +101,18 @@ def capability_table() -> tuple[Backend, ...]:
             if "per_thread" in grans else grans,
             pv_accum_dtypes=tuple(spec["pv_accum_dtype"]), default_pv_accum_dtype=_DEFAULT_PV_ACCUM[op],
             takes_mask=False, takes_smooth_v=True))
-    low, triton_dims = _triton_limits()
+    limits = _triton_limits()
     rows.append(Backend(
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
-        min_capability=low, dtypes=_HALF, head_dims=triton_dims, qk_quant_grans=("per_block",),
-        pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32", takes_mask=True, takes_smooth_v=False))
+        min_capability=limits["fp16"][0], dtypes=_HALF, head_dims=limits["fp16"][1],
+        qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32",
+        takes_mask=True, takes_smooth_v=False))
+    # FP8 e4m3 P and V; each K block's product is added to the fp32 output on the CUDA cores.
+    rows.append(Backend(
+        name="triton-fp8", kind="triton", family=None, op="qk_int8_pv_fp8", capabilities=frozenset(),
+        min_capability=limits["fp8"][0], dtypes=_HALF, head_dims=limits["fp8"][1],
+        qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32+fp32",), default_pv_accum_dtype="fp32+fp32",
+        takes_mask=False, takes_smooth_v=False))
     rows.append(Backend(
         name=SDPA, kind="sdpa", family=None, op=None, capabilities=frozenset(), min_capability=None,
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}), head_dims=None,
@@ -122,10 +131,11 @@ def backend(name: str) -> Backend:
 
 # Preference per GPU generation, best first. Rules are checked top to bottom; the first whose
 # capability range holds the device applies. The sm75 family reaches newer GPUs only as PTX, so it
-# comes after every backend compiled for them.
+# comes after every backend compiled for them. triton-fp8 comes last: it has not been measured on
+# a GPU yet, so it runs when forced, or where a calibration table measured it fastest.
 PREFERENCE = (
-    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
-    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
+    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", SDPA)),
+    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", SDPA)),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
     ((7, 5), ("cuda-sm75-fp16", SDPA)),
     ((0, 0), (SDPA,)),

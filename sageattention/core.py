@@ -110,7 +110,7 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
             out, lse = triton_backend.attention(
                 q, k, v, tensor_layout=call.problem.tensor_layout, is_causal=call.is_causal,
                 attn_mask=call.attn_mask, sm_scale=call.sm_scale, smooth_k=call.smooth_k,
-                return_lse=call.return_lse)
+                return_lse=call.return_lse, pv_dtype="fp8" if row.op == "qk_int8_pv_fp8" else "fp16")
         else:
             _check_device_once(q.device)
             from sageattention import native

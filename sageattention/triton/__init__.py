@@ -22,6 +22,10 @@ import torch
 
 MIN_CAPABILITY = (8, 0)
 MAX_HEAD_DIM = 256
+# The FP8-PV kernel (attn_fp8.py): FP8 tensor cores, tiles sized for head dims up to 128.
+MIN_CAPABILITY_FP8 = (8, 9)
+MAX_HEAD_DIM_FP8 = 128
+PV_DTYPES = ("fp16", "fp8")
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("HND", "NHD")
 MAX_GRID_YZ = 65535  # CUDA's limit on grid dims y and z, which carry heads and batch
@@ -105,7 +109,8 @@ def _resolve_scale(sm_scale, head_dim: int) -> float:
 
 
 def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, attn_mask=None,
-              sm_scale: float | None = None, smooth_k: bool = True, return_lse: bool = False):
+              sm_scale: float | None = None, smooth_k: bool = True, return_lse: bool = False,
+              pv_dtype: str = "fp16"):
     """INT8 QK^T / FP16 PV attention; returns ``(out, lse or None)``.
 
     ``q [B, Hq, Nq, D]`` and ``k, v [B, Hkv, Nk, D]`` in HND (``[B, N, H, D]`` in NHD), fp16/bf16.
@@ -113,13 +118,28 @@ def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, a
     broadcastable to ``[B, Hq, Nq, Nk]`` in either layout, as SDPA's; not combined with
     ``is_causal``. Query rows whose keys are all masked return 0 (LSE ``-inf``).
     ``lse`` is ``[B, Hq, Nq]`` fp32 (natural log), including the K-smoothing correction.
+    ``pv_dtype``: "fp16" (masks allowed) or "fp8" (``attn_fp8``: FP8 e4m3 P and V, GPUs of compute
+    capability 8.9+, head dims up to ``MAX_HEAD_DIM_FP8``, no mask).
     """
     from . import attn  # imports triton
     from .mask import check_mask
 
     if tensor_layout not in LAYOUTS:
         raise ValueError(f"tensor_layout must be one of {LAYOUTS}, got {tensor_layout!r}")
+    if pv_dtype not in PV_DTYPES:
+        raise ValueError(f"pv_dtype must be one of {PV_DTYPES}, got {pv_dtype!r}")
     _check_qkv(q, k, v, 4, "[B, H, N, D] (HND) or [B, N, H, D] (NHD)")
+    if pv_dtype == "fp8":
+        if attn_mask is not None:
+            raise ValueError("the FP8-PV Triton kernel takes no attn_mask; use pv_dtype='fp16'")
+        if q.shape[-1] > MAX_HEAD_DIM_FP8:
+            raise ValueError(f"head dim {q.shape[-1]} is not supported by the FP8-PV Triton kernel "
+                             f"(1..{MAX_HEAD_DIM_FP8})")
+        if q.device.type == "cuda" and torch.cuda.get_device_capability(q.device) < MIN_CAPABILITY_FP8:
+            cap = torch.cuda.get_device_capability(q.device)
+            raise ValueError(f"the FP8-PV Triton kernel needs compute capability "
+                             f"{MIN_CAPABILITY_FP8[0]}.{MIN_CAPABILITY_FP8[1]}+ (FP8 tensor cores), "
+                             f"this GPU is {cap[0]}.{cap[1]}")
     if tensor_layout == "NHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, hq, n_q, head_dim = q.shape
@@ -145,9 +165,15 @@ def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, a
                       dtype=q.dtype, device=q.device)
     out_hnd = out.transpose(1, 2) if tensor_layout == "NHD" else out
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
-        _, lse = attn.run_attention(q, k, v, is_causal=bool(is_causal), attn_mask=attn_mask,
-                                    sm_scale=scale, smooth_k=bool(smooth_k),
-                                    return_lse=bool(return_lse), out=out_hnd)
+        if pv_dtype == "fp8":
+            from . import attn_fp8
+            _, lse = attn_fp8.run_attention_fp8(q, k, v, is_causal=bool(is_causal), sm_scale=scale,
+                                                smooth_k=bool(smooth_k), return_lse=bool(return_lse),
+                                                out=out_hnd)
+        else:
+            _, lse = attn.run_attention(q, k, v, is_causal=bool(is_causal), attn_mask=attn_mask,
+                                        sm_scale=scale, smooth_k=bool(smooth_k),
+                                        return_lse=bool(return_lse), out=out_hnd)
     return out, lse
 
 
@@ -210,4 +236,5 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                                  is_causal=bool(is_causal), sm_scale=scale, smooth_k=bool(smooth_k))
 
 
-__all__ = ["is_available", "attention", "varlen_attention", "MIN_CAPABILITY", "MAX_HEAD_DIM"]
+__all__ = ["is_available", "attention", "varlen_attention", "MIN_CAPABILITY", "MAX_HEAD_DIM",
+           "MIN_CAPABILITY_FP8", "MAX_HEAD_DIM_FP8", "PV_DTYPES"]

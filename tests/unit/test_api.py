@@ -246,8 +246,10 @@ def fake_kernels(monkeypatch):
 
     native = types.SimpleNamespace(qk_int8_pv_fp16=native_op("fp16"), qk_int8_pv_fp8=native_op("fp8"))
 
-    def triton_attention(q, k, v, *, tensor_layout, is_causal, attn_mask, sm_scale, smooth_k, return_lse):
-        calls.append(dict(op="triton", mask=attn_mask, layout=tensor_layout, scale=sm_scale))
+    def triton_attention(q, k, v, *, tensor_layout, is_causal, attn_mask, sm_scale, smooth_k, return_lse,
+                         pv_dtype):
+        calls.append(dict(op="triton", mask=attn_mask, layout=tensor_layout, scale=sm_scale,
+                          pv_dtype=pv_dtype))
         return torch.zeros_like(q), None
 
     triton = types.SimpleNamespace(attention=triton_attention)
@@ -305,4 +307,14 @@ def test_triton_call_receives_the_mask(fake_kernels):
     mask = torch.zeros(24, 40, dtype=torch.float32)
     sa.sageattn(q, k, v, attn_mask=mask)
     assert calls[-1]["op"] == "triton" and calls[-1]["mask"] is mask
+    assert calls[-1]["pv_dtype"] == "fp16"
     assert sa.last_backend() == "triton-fp16"
+
+
+def test_triton_fp8_choice_runs_the_fp8_kernel(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("triton-fp8", "test", False, "per_block", "fp32+fp32")
+    q, k, v = qkv()
+    sa.sageattn(q, k, v)
+    assert calls[-1]["op"] == "triton" and calls[-1]["pv_dtype"] == "fp8"
+    assert sa.last_backend() == "triton-fp8"

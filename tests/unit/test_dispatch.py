@@ -32,7 +32,7 @@ def req(cap=(9, 0), **kw):
 def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
     table = backends.capability_table()
     assert tuple(r.name for r in table) == ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16",
-                                            "triton-fp16", "sdpa")
+                                            "triton-fp16", "triton-fp8", "sdpa")
     families = json.loads(resources.files("sageattention.native").joinpath("families.json").read_text())
     for row in table:
         if row.kind != "native":
@@ -47,8 +47,8 @@ def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
 
 
 @pytest.mark.parametrize("cap,order", [
-    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
-    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
+    ((9, 0), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", "sdpa")),
+    ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", "sdpa")),
     ((8, 6), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
     ((7, 5), ("cuda-sm75-fp16", "sdpa")),

@@ -54,7 +54,7 @@ def test_sdpa_measured_faster_runs_sdpa_and_says_why_with_figures():
     assert choice.reason == (
         "SDPA is faster for this shape (calibration sm90, nearest measured: fp16 1x32x16384x128 "
         "non-causal: sdpa 0.95 ms, cuda-sm80-fp16 2.1 ms, cuda-sm89-fp8 2.5 ms, triton-fp16 3 ms, "
-        "cuda-sm75-fp16 4 ms)")
+        "cuda-sm75-fp16 4 ms; not measured there: triton-fp8)")
     assert choice.sentence().startswith("runs PyTorch SDPA: SDPA is faster for this shape")
     assert (choice.qk_quant_gran, choice.pv_accum_dtype) == (None, None)
 

@@ -86,6 +86,26 @@ def _worker() -> dict:
             "vs_sdpa": _metrics(out, sdpa),
             "lse_vs_reference_max": (lse - ref_lse).abs().max().item(),
         }
+    # The public entry point: NHD layout, the same numbers as the HND kernel call; clear errors.
+    import sageattention.triton as st
+    q, k, v = (torch.randn(1, 2, 90, 64, generator=gen).half() for _ in range(3))
+    hnd, _ = st.attention(q, k, v, is_causal=True, pv_dtype="fp8")
+    nhd, _ = st.attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), tensor_layout="NHD",
+                          is_causal=True, pv_dtype="fp8")
+    res["entry"] = {"nhd_equals_hnd": bool(torch.equal(nhd.transpose(1, 2), hnd))}
+    errors = {}
+    for label, kwargs in (("mask", dict(attn_mask=torch.ones(90, 90, dtype=torch.bool))),
+                          ("pv_dtype", dict(pv_dtype="fp4")),
+                          ("head_dim", dict(q_dim=192))):
+        kw = {"pv_dtype": "fp8", **kwargs}
+        d = kw.pop("q_dim", 64)
+        qq, kk, vv = (torch.randn(1, 2, 90, d).half() for _ in range(3))
+        try:
+            st.attention(qq, kk, vv, **kw)
+            errors[label] = None
+        except ValueError as exc:
+            errors[label] = str(exc)
+    res["errors"] = errors
     return res
 
 
@@ -104,6 +124,14 @@ def test_v_quantization_is_torchs_e4m3_cast_transposed(measured):
     assert vq["tail_zero"]
     assert vq["zero_channel_scale"] == pytest.approx(1e-8)
     assert vq["layout"] == [1, 2, 64, 128]  # [B, H, D, tokens padded to the K block]
+
+
+def test_public_entry_point_layouts_and_errors(measured):
+    assert measured["entry"]["nhd_equals_hnd"]
+    errors = measured["errors"]
+    assert "takes no attn_mask" in errors["mask"]
+    assert "pv_dtype must be one of ('fp16', 'fp8'), got 'fp4'" in errors["pv_dtype"]
+    assert "head dim 192 is not supported by the FP8-PV Triton kernel (1..128)" in errors["head_dim"]
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
