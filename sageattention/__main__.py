@@ -32,6 +32,21 @@ def _environment() -> dict:
     return env
 
 
+def dispatch_summary(capability: tuple[int, int]) -> str:
+    """How plain sageattn picks backends on a GPU of this capability: calibration table or order."""
+    from . import backends, dispatch
+    try:
+        table = dispatch.calibration_for(capability)
+    except ValueError as exc:  # a bad SAGEATTENTION_CALIBRATION value
+        return f"error: {exc}"
+    if table is not None:
+        return (f"fastest measured backend per shape, SDPA included, from calibration table "
+                f"{table.label} ({len(table.entries)} entries measured on {table.gpu_name}, "
+                f"{table.date[:10]}); SAGEATTENTION_CALIBRATION=off for the static order")
+    order = ", ".join(backends.preference_order(capability))
+    return f"first usable in the static order {order} (no calibration table for this GPU)"
+
+
 def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
     """(ok, sentences)."""
     if info is None:
@@ -54,6 +69,7 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
         if how:
             lines.append(f"cuda:{gpu['index']} {gpu['name']} (sm{cap[0]}{cap[1]}): runs "
                          f"this build's {how}")
+            lines.append(f"cuda:{gpu['index']} sageattn dispatch: {dispatch_summary(cap)}")
         else:
             ok = False
             lines.append("MISMATCH: " + guard.device_problem(

@@ -100,12 +100,23 @@ def test_diagnostics_verdict_lines():
     env = {"torch": "2.12.0+cu130", "torch_cuda": "13.0",
            "gpus": [{"index": 0, "name": "NVIDIA H200", "capability": "9.0"}]}
     ok, lines = diagnostics.verdict(INFO, env)
-    assert ok and "runs this build's compute_75 PTX" in lines[-1]
+    assert ok and "runs this build's compute_75 PTX" in lines[-2]
+    assert lines[-1].startswith("cuda:0 sageattn dispatch: fastest measured backend per shape, "
+                                "SDPA included, from calibration table sm90")
     ok, lines = diagnostics.verdict(SM80, env)
     assert not ok and lines[-1].startswith("MISMATCH: ") and "sm90" in lines[-1]
     ok, lines = diagnostics.verdict(INFO, dict(env, torch="2.14.1", gpus=[]))
     assert not ok and "no CUDA GPU visible" in lines[-1]
     assert diagnostics.verdict(None, env)[0]
+
+
+def test_dispatch_summary_names_the_table_or_the_static_order(monkeypatch):
+    assert "static order cuda-sm80-fp16, triton-fp16, cuda-sm75-fp16, sdpa (no calibration table" \
+        in diagnostics.dispatch_summary((8, 6))
+    monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "off")
+    assert "static order cuda-sm89-fp8" in diagnostics.dispatch_summary((9, 0))
+    monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "maybe")
+    assert diagnostics.dispatch_summary((9, 0)).startswith("error: SAGEATTENTION_CALIBRATION='maybe'")
 
 
 def test_diagnostics_command_in_a_source_checkout(capsys, monkeypatch):
