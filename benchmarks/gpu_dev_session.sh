@@ -22,6 +22,11 @@ t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
   timeout "$limit" "$@" >"$S/$name.log" 2>&1; local rc=$?
   summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"; }
 
+# The device copy of the tree has no .git: pass the commit (SOURCE_COMMIT=$(git rev-parse HEAD),
+# expanded where the command is written) so the wheels' build info names it.
+if [ -z "${SOURCE_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
+  echo "note: no .git and no SOURCE_COMMIT: build info will say 'commit unknown'"
+fi
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$S/gpu.txt"
 t build 300 python3 -m scripts.factory build --cell "$CELL" --no-repair --out "$S/wheel"
 WHEEL=$(ls "$S"/wheel/*.whl 2>/dev/null | head -n 1)

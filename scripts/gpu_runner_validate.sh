@@ -21,6 +21,11 @@ cores=$(nproc)
 export MAX_JOBS=${MAX_JOBS:-$(( cores / $# > 0 ? cores / $# : 1 ))}
 summary=()
 
+# The device copy of the tree has no .git: pass the commit (SOURCE_COMMIT=$(git rev-parse HEAD),
+# expanded where the command is written) so the wheels' build info names it.
+if [ -z "${SOURCE_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
+  echo "note: no .git and no SOURCE_COMMIT: build info will say 'commit unknown'"
+fi
 nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$OUT/gpu.txt"
 declare -A pids started
 for cell in "$@"; do           # builds run side by side: each one is mostly single-threaded nvcc
