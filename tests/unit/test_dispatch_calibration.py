@@ -122,7 +122,7 @@ def test_no_entry_for_the_dtype_uses_the_other_half_dtype_and_says_so():
 def test_no_entry_for_the_causal_flag_keeps_the_static_order():
     non_causal_only = table(entry(1, 32, 16384, 128, sdpa=0.95, cuda_sm80_fp16=2.1))
     choice = choose(req(causal=True), inv(*ALL), calibration=non_causal_only)
-    assert choice.name == "cuda-sm89-fp8" and not choice.calibrated
+    assert choice.name == "cuda-sm80-fp16" and not choice.calibrated
     assert "calibration sm90 has no causal entries" in choice.reason
 
 
@@ -164,9 +164,9 @@ def test_masked_calls_keep_the_static_order():
 
 def test_return_lse_and_unknown_shapes_keep_the_static_order():
     lse = choose(req(return_lse=True), inv(*ALL), calibration=MIXED)
-    assert lse.name == "cuda-sm89-fp8" and "without return_lse" in lse.reason
+    assert lse.name == "cuda-sm80-fp16" and "without return_lse" in lse.reason
     shapeless = Request(device_type="cuda", capability=(9, 0), dtype=torch.float16, head_dim=128)
-    assert choose(shapeless, inv(*ALL), calibration=MIXED).name == "cuda-sm89-fp8"
+    assert choose(shapeless, inv(*ALL), calibration=MIXED).name == "cuda-sm80-fp16"
 
 
 def test_forcing_wins_over_the_calibration():
@@ -202,7 +202,7 @@ def test_kernel_specific_functions_never_read_the_table(monkeypatch):
 def test_the_cache_key_holds_the_calibration():
     with_table = choose(req(), inv(*ALL), calibration=MIXED)
     without = choose(req(), inv(*ALL))
-    assert (with_table.name, without.name) == ("sdpa", "cuda-sm89-fp8")
+    assert (with_table.name, without.name) == ("sdpa", "cuda-sm80-fp16")
     other = table(entry(1, 32, 16384, 128, sdpa=5.0, cuda_sm89_fp8=1.0))
     assert choose(req(), inv(*ALL), calibration=other).name == "cuda-sm89-fp8"
     assert choose(req(), inv(*ALL), calibration=MIXED) is with_table
