@@ -28,10 +28,13 @@ sys.path.insert(0, str(REPO))
 SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64), (1, 32, 16384, 64),
           (8, 32, 1024, 128))
 # (block_m, block_n, num_warps, num_stages)
+# (block_m, block_n, num_warps, num_stages[, two_level]); the last entry of each list tries one
+# tensor-core accumulator per row instead of the two-level sum (its accuracy is printed too).
 CANDIDATES = {
-    64: [(128, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (128, 128, 4, 3), (64, 128, 4, 4)],
+    64: [(128, 128, 4, 4), (128, 128, 8, 3), (128, 64, 4, 4), (128, 128, 4, 3), (64, 128, 4, 4),
+         (128, 128, 4, 4, False)],
     128: [(128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (128, 128, 4, 3), (128, 64, 4, 4),
-          (64, 128, 4, 3)],
+          (64, 128, 4, 3), (128, 128, 8, 3, False)],
 }
 LOG = None
 
@@ -153,15 +156,20 @@ def main() -> int:
             q, k, v = inputs(b, h, n, d, torch.float16, seed=3)
             for causal in (False, True):
                 flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
+                ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
                 for cfg in CANDIDATES[d]:
                     try:
+                        m = metrics(run(q, k, v, causal, cfg)[0], ref)
                         ms = bench(lambda q=q, k=k, v=v, c=causal, cfg=cfg: run(q, k, v, c, cfg))
-                        row = {"shape": [b, h, n, d], "causal": causal, "cfg": cfg, "tops": flops / ms / 1e9}
+                        row = {"shape": [b, h, n, d], "causal": causal, "cfg": cfg,
+                               "tops": flops / ms / 1e9, **m}
                     except Exception as exc:  # noqa: BLE001 - a tile that does not fit is a result
                         row = {"shape": [b, h, n, d], "causal": causal, "cfg": cfg, "error": repr(exc)[:200]}
                     result["sweep"].append(row)
                     log(f"  {b}x{h}x{n}x{d} {'causal' if causal else 'full':6s} {cfg} "
-                        f"{row.get('tops', 0):6.1f} {row.get('error', '')}")
+                        f"{row.get('tops', 0):6.1f} TOPS cos {row.get('cos', 0):.5f} "
+                        f"relL1 {row.get('rel_l1', 0):.4f} {row.get('error', '')}")
+                del ref
             del q, k, v
 
     log("speed (default tiles, end to end)")

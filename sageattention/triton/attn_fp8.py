@@ -54,6 +54,10 @@ class Fp8Config:
     block_n: int
     num_warps: int
     num_stages: int
+    # True: each K block's P@V starts from zero and is added in fp32 on the CUDA cores (the FP8
+    # tensor cores' accumulation is reduced-precision); False: one tensor-core accumulator for the
+    # whole row (fewer registers, less accurate on long sequences). A knob for the GPU sweep.
+    two_level: bool = True
 
     def __post_init__(self):
         if quant.BLKQ % self.block_m or self.block_m < 64:
@@ -116,7 +120,7 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
 @triton.jit
 def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, stride_vd, start_n,
               n_keys, offs_m, offs_n, offs_d, BLOCK_N: tl.constexpr, EDGE: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, PREROUND: tl.constexpr):
+              IS_CAUSAL: tl.constexpr, PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr):
     start64 = tl.cast(start_n, tl.int64)
     # K and V^T buffers are zero-padded to whole blocks: no load masks.
     k = tl.load(K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None])
@@ -136,7 +140,10 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
     # [BLOCK_N, D] tile of V^T's memory [D, N]: tokens contiguous, the K-major B operand.
     vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
     p8 = _to_e4m3(p * 448.0, PREROUND)
-    acc = acc * alpha[:, None] + tl.dot(p8, vt)
+    if TWO_LEVEL:
+        acc = acc * alpha[:, None] + tl.dot(p8, vt)
+    else:
+        acc = tl.dot(p8, vt, acc * alpha[:, None])
     return acc, l_i, m_new
 
 
@@ -148,7 +155,7 @@ def _attn_fp8_kernel(
     n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales, n_kpad,
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr,
-    PREROUND: tl.constexpr,
+    PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr,
 ):
     if IS_CAUSAL:  # tiles near the end do the most work: launch them first
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -182,10 +189,10 @@ def _attn_fp8_kernel(
         mid = (n_keys // BLOCK_N) * BLOCK_N
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL)
 
     v_scale = tl.load(VS + (b * kv_heads + kvh) * D + offs_d) * (1.0 / 448.0)
     out = acc * v_scale[None, :] / l_i[:, None]
@@ -226,7 +233,7 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
         vt.shape[3],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=_interpreting(),
+        IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=_interpreting(), TWO_LEVEL=cfg.two_level,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

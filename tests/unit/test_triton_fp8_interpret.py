@@ -86,6 +86,14 @@ def _worker() -> dict:
             "vs_sdpa": _metrics(out, sdpa),
             "lse_vs_reference_max": (lse - ref_lse).abs().max().item(),
         }
+    # One tensor-core accumulator per row (the sweep's other variant): same result in exact fp32.
+    q, k, v = (torch.randn(1, 2, 300, 64, generator=gen).half() for _ in range(3))
+    two, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=False, sm_scale=0.125, smooth_k=True,
+                                        return_lse=False)
+    one, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=False, sm_scale=0.125, smooth_k=True,
+                                        return_lse=False, config=attn_fp8.Fp8Config(128, 128, 4, 3, False))
+    res["one_accumulator_cos"] = _metrics(one, two)["cos"]
+
     # The public entry point: NHD layout, the same numbers as the HND kernel call; clear errors.
     import sageattention.triton as st
     q, k, v = (torch.randn(1, 2, 90, 64, generator=gen).half() for _ in range(3))
@@ -124,6 +132,10 @@ def test_v_quantization_is_torchs_e4m3_cast_transposed(measured):
     assert vq["tail_zero"]
     assert vq["zero_channel_scale"] == pytest.approx(1e-8)
     assert vq["layout"] == [1, 2, 64, 128]  # [B, H, D, tokens padded to the K block]
+
+
+def test_one_accumulator_variant_computes_the_same(measured):
+    assert measured["one_accumulator_cos"] >= 0.99999
 
 
 def test_public_entry_point_layouts_and_errors(measured):
