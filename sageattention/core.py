@@ -151,10 +151,16 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     SDPA's (top-left). Returns the output in q's layout and dtype, or (output, lse) with lse
     `[B, Hq, Nq]` fp32 (natural log) when return_lse. See `explain()` for the backend it runs.
     """
-    options = split_kwargs("sageattn", kwargs, SAGEATTN_KEYWORDS)
-    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-                      return_lse=return_lse, options=options)
-    return _attend(call, q, k, v)
+    def eager():
+        options = split_kwargs("sageattn", kwargs, SAGEATTN_KEYWORDS)
+        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                          sm_scale=sm_scale, return_lse=return_lse, options=options)
+        return _attend(call, q, k, v)
+
+    if torch.compiler.is_compiling():  # one opaque custom op, so fullgraph=True traces it
+        from . import traced
+        return traced.sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, eager)
+    return eager()
 
 
 def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_backend="triton",
