@@ -28,13 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# design.md, "Baselines measured on the H200": upstream 1.0.6 Triton TOPS, fp16, (b, h, n, d, causal).
-UPSTREAM_106_TRITON_TOPS = {
-    (4, 32, 4096, 128, False): 379, (4, 32, 4096, 128, True): 310,
-    (1, 32, 16384, 128, False): 431, (1, 32, 16384, 128, True): 402,
-    (4, 32, 4096, 64, False): 358, (1, 32, 16384, 64, False): 403,
-    (8, 32, 1024, 128, False): 242, (8, 32, 1024, 128, True): 154,
-}
+from sageattention.benchmark import UPSTREAM_106_TRITON_TOPS  # noqa: E402  (design.md's figures)
 UPSTREAM_106_GEOMEAN_VS_SDPA = 0.63
 SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64), (1, 32, 16384, 64), (8, 32, 1024, 128))
 COS_MIN, REL_L1_MAX = 0.9998, 0.02

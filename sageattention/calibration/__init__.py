@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..backends import BACKEND_NAMES
-from ..benchmark import DTYPES, Case
+from ..cases import DTYPES, Case
 
 __all__ = ["SCHEMA_VERSION", "CalibrationError", "Entry", "Table", "dtype_name", "dumps", "file_name",
            "for_capability", "load", "parse"]
