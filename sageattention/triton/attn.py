@@ -130,6 +130,19 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
 
 
 @triton.jit
+def _key_bounds(start_m, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                IS_CAUSAL: tl.constexpr):
+    """(mid, hi): K blocks below ``mid`` need no key or causal masking; ``mid..hi`` are the edge."""
+    if IS_CAUSAL:
+        hi = tl.minimum(n_keys, start_m + BLOCK_M)
+        mid = (tl.minimum(start_m, n_keys) // BLOCK_N) * BLOCK_N
+    else:
+        hi = n_keys
+        mid = (n_keys // BLOCK_N) * BLOCK_N
+    return mid, hi
+
+
+@triton.jit
 def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_m, n_keys,
                offs_m, offs_ml, offs_n, offs_d,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
@@ -138,12 +151,7 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if IS_CAUSAL:
-        hi = tl.minimum(n_keys, start_m + BLOCK_M)
-        mid = (tl.minimum(start_m, n_keys) // BLOCK_N) * BLOCK_N
-    else:
-        hi = n_keys
-        mid = (n_keys // BLOCK_N) * BLOCK_N
+    mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
                                    stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from . import quant
+from .attn import _key_bounds
 
 LOG2E = math.log2(math.e)
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
@@ -181,18 +182,15 @@ def _attn_fp8_kernel(
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if IS_CAUSAL:
-        hi = tl.minimum(n_keys, start_m + BLOCK_M)
-        mid = (tl.minimum(start_m, n_keys) // BLOCK_N) * BLOCK_N
-    else:
-        hi = n_keys
-        mid = (n_keys // BLOCK_N) * BLOCK_N
+    mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND,
+                                  TWO_LEVEL)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND,
+                                  TWO_LEVEL)
 
     v_scale = tl.load(VS + (b * kv_heads + kvh) * D + offs_d) * (1.0 / 448.0)
     out = acc * v_scale[None, :] / l_i[:, None]
