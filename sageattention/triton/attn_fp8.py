@@ -108,7 +108,8 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
     dp = quant.padded_head_dim(d)
     n_pad = triton.cdiv(n, pad_to) * pad_to
     scale = torch.full((b, h, dp), V_SCALE_FLOOR, dtype=torch.float32, device=v.device)
-    amax = v.abs().amax(dim=2).float()
+    vmin, vmax = torch.aminmax(v, dim=2)  # one pass, no |v| temporary
+    amax = torch.maximum(vmax.float(), -vmin.float())
     scale[..., :d] = torch.clamp_min(amax / FP8_MAX, V_SCALE_FLOOR)
     vt = torch.empty((b, h, dp, n_pad), dtype=torch.float8_e4m3fn, device=v.device)
     blk = 64
