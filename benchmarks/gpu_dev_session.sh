@@ -41,7 +41,8 @@ for step in $STEPS; do
     hopper) t hopper 240 python3 "$REPO/benchmarks/gpu_dev_hopper.py" --sweep --out "$S" ;;
     triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
     bench) t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
-    calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" ;;
+    calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" \
+                 --benchmark-json "$S/calibration-benchmark.json" ;;
     validate) t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" --wheel "$WHEEL" ;;
     *) summary+=("$step: unknown step") ;;
   esac
