@@ -242,12 +242,8 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     dp = quant.padded_head_dim(head_dim)
     cfg = config or pick_config(dp, is_causal, attn_mask is not None)
 
-    k_mean = k.mean(dim=2, dtype=torch.float32).contiguous() if smooth_k else None
-    k8, k_scale, _ = quant.quantize_dense(k, block=quant.BLKK, pad_to=quant.BLKK, mean=k_mean)
-    want_corr = return_lse and smooth_k
-    q8, q_scale, corr = quant.quantize_dense(
-        q, block=quant.BLKQ, pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E,
-        corr_mean=k_mean if want_corr else None, corr_mult=sm_scale)
+    q8, q_scale, k8, k_scale, corr = quant.quantize_qk(q, k, sm_scale=sm_scale, smooth_k=smooth_k,
+                                                       want_lse=return_lse)
     v16 = v if v.dtype == torch.float16 else v.to(torch.float16)
     if v16.stride(-1) != 1:
         v16 = v16.contiguous()

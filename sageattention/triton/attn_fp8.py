@@ -13,7 +13,6 @@ On sm_90 Triton lowers both dots to ``wgmma`` (INT8 and FP8); on sm89 to ``mma.s
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +22,6 @@ import triton.language as tl
 from . import quant
 from .attn import _key_bounds
 
-LOG2E = math.log2(math.e)
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
 V_SCALE_FLOOR = 1e-8
 MIN_CAPABILITY = (8, 9)
@@ -212,12 +210,8 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
     dp = quant.padded_head_dim(head_dim)
     cfg = config or pick_config(dp, is_causal)
 
-    k_mean = k.mean(dim=2, dtype=torch.float32).contiguous() if smooth_k else None
-    k8, k_scale, _ = quant.quantize_dense(k, block=cfg.block_n, pad_to=cfg.block_n, mean=k_mean)
-    want_corr = return_lse and smooth_k
-    q8, q_scale, corr = quant.quantize_dense(
-        q, block=quant.BLKQ, pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E,
-        corr_mean=k_mean if want_corr else None, corr_mult=sm_scale)
+    q8, q_scale, k8, k_scale, corr = quant.quantize_qk(q, k, sm_scale=sm_scale, smooth_k=smooth_k,
+                                                       want_lse=return_lse, k_block=cfg.block_n)
     vt, v_scale = quantize_v_fp8(v, pad_to=cfg.block_n)
 
     if out is None:

@@ -149,6 +149,23 @@ def quantize_dense(x: torch.Tensor, *, block: int, pad_to: int, scale_mult: floa
     return out, scale, corr
 
 
+def quantize_qk(q: torch.Tensor, k: torch.Tensor, *, sm_scale: float, smooth_k: bool,
+                want_lse: bool, k_block: int = BLKK):
+    """Both INT8 operands of a dense attention call (HND views).
+
+    K is smoothed by its per-head token mean when ``smooth_k`` and quantized per ``k_block``
+    tokens; Q per ``BLKQ`` tokens with ``sm_scale * log2(e)`` folded into its scale. With
+    ``want_lse`` and smoothing, also the LSE correction ``sm_scale * q . mean(k)`` that the
+    smoothing took out of the scores. Returns ``(q8, q_scale, k8, k_scale, corr or None)``.
+    """
+    k_mean = k.mean(dim=2, dtype=torch.float32).contiguous() if smooth_k else None
+    k8, k_scale, _ = quantize_dense(k, block=k_block, pad_to=k_block, mean=k_mean)
+    q8, q_scale, corr = quantize_dense(
+        q, block=BLKQ, pad_to=BLKQ, scale_mult=sm_scale * LOG2E,
+        corr_mean=k_mean if want_lse and smooth_k else None, corr_mult=sm_scale)
+    return q8, q_scale, k8, k_scale, corr
+
+
 def quantize_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, *, block: int,
                     pad_to: int, scale_mult: float = 1.0, mean: torch.Tensor | None = None):
     """Quantizes packed ``[total, H, D]`` per sequence, per block of ``block`` tokens.
