@@ -57,6 +57,9 @@ class Fp8Config:
     # tensor cores' accumulation is reduced-precision); False: one tensor-core accumulator for the
     # whole row (fewer registers, less accurate on long sequences). A knob for the GPU sweep.
     two_level: bool = True
+    # True: K and V^T tiles come through host-made tensor descriptors (Hopper's bulk tensor copy
+    # engine, TMA) instead of pointer loads. A knob for the GPU sweep; unmeasured so far.
+    use_tma: bool = False
 
     def __post_init__(self):
         if quant.BLKQ % self.block_m or self.block_m < 64:
@@ -119,11 +122,15 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
 
 @triton.jit
 def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, stride_vd, start_n,
-              n_keys, offs_m, offs_n, offs_d, BLOCK_N: tl.constexpr, EDGE: tl.constexpr,
-              IS_CAUSAL: tl.constexpr, PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr):
+              n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0, kv_d0,
+              BLOCK_N: tl.constexpr, EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr):
     start64 = tl.cast(start_n, tl.int64)
     # K and V^T buffers are zero-padded to whole blocks: no load masks.
-    k = tl.load(K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None])
+    if USE_TMA:
+        k = tl.trans(K_DESC.load([kv_row0 + start_n, 0]))
+    else:
+        k = tl.load(K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None])
     qk = tl.dot(q, k)
     scale = tl.load(KS_base + start_n // BLOCK_N) * q_scale
     s = qk.to(tl.float32) * scale
@@ -138,7 +145,10 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     # [BLOCK_N, D] tile of V^T's memory [D, N]: tokens contiguous, the K-major B operand.
-    vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
+    if USE_TMA:
+        vt = tl.trans(VT_DESC.load([kv_d0, start_n]))
+    else:
+        vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
     p8 = _to_e4m3(p * 448.0, PREROUND)
     if TWO_LEVEL:
         acc = acc * alpha[:, None] + tl.dot(p8, vt)
@@ -150,12 +160,12 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
 @triton.jit(do_not_specialize=["n_heads", "group", "n_queries", "n_keys", "n_q_scales", "n_k_scales",
                                "n_kpad"])
 def _attn_fp8_kernel(
-    Q8, K8, VT, QS, KS, VS, Out, LSE,
+    Q8, K8, VT, QS, KS, VS, Out, LSE, K_DESC, VT_DESC,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, so_b, so_h, so_n,
     n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales, n_kpad,
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr,
-    PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr,
+    PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     if IS_CAUSAL:  # tiles near the end do the most work: launch them first
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -177,6 +187,9 @@ def _attn_fp8_kernel(
     K_base = K8 + b * sk_b + kvh * sk_h
     VT_base = VT + (b * kv_heads + kvh) * D * n_kpad
     KS_base = KS + (b * kv_heads + kvh) * n_k_scales
+    # Descriptor coordinates: rows of K8 viewed as [B*Hkv*n_kpad, D], of V^T as [B*Hkv*D, n_kpad].
+    kv_row0 = ((b * kv_heads + kvh) * n_kpad).to(tl.int32)
+    kv_d0 = ((b * kv_heads + kvh) * D).to(tl.int32)
 
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -184,12 +197,12 @@ def _attn_fp8_kernel(
     mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, False, IS_CAUSAL, PREROUND,
-                                  TWO_LEVEL)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
+                                  kv_d0, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
-                                  start_n, n_keys, offs_m, offs_n, offs_d, BLOCK_N, True, IS_CAUSAL, PREROUND,
-                                  TWO_LEVEL)
+                                  start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
+                                  kv_d0, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA)
 
     v_scale = tl.load(VS + (b * kv_heads + kvh) * D + offs_d) * (1.0 / 448.0)
     out = acc * v_scale[None, :] / l_i[:, None]
@@ -218,15 +231,24 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     lse = (torch.empty((batch, n_heads, n_queries), dtype=torch.float32, device=q.device)
            if return_lse else q_scale)
+    if cfg.use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k2, vt2 = k8.view(-1, dp), vt.view(-1, vt.shape[3])  # both fresh and contiguous
+        k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [cfg.block_n, dp])
+        vt_desc = TensorDescriptor(vt2, list(vt2.shape), list(vt2.stride()), [dp, cfg.block_n])
+    else:
+        k_desc, vt_desc = k8, vt  # unused
     grid = (triton.cdiv(n_queries, cfg.block_m), n_heads, batch)
     _attn_fp8_kernel[grid](
-        q8, k8, vt, q_scale, k_scale, v_scale, out, lse,
+        q8, k8, vt, q_scale, k_scale, v_scale, out, lse, k_desc, vt_desc,
         q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
         vt.shape[3],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=_interpreting(), TWO_LEVEL=cfg.two_level,
+        USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

@@ -93,6 +93,14 @@ def _worker() -> dict:
     one, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=False, sm_scale=0.125, smooth_k=True,
                                         return_lse=False, config=attn_fp8.Fp8Config(128, 128, 4, 3, False))
     res["one_accumulator_cos"] = _metrics(one, two)["cos"]
+    # K and V^T through tensor descriptors (TMA on Hopper): the same tiles, the same bits.
+    for causal in (False, True):
+        ref, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=causal, sm_scale=0.125, smooth_k=True,
+                                            return_lse=False, config=attn_fp8.Fp8Config(128, 64, 4, 3))
+        tma, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=causal, sm_scale=0.125, smooth_k=True,
+                                            return_lse=False,
+                                            config=attn_fp8.Fp8Config(128, 64, 4, 3, use_tma=True))
+        res[f"tma_equal_{causal}"] = bool(torch.equal(tma, ref))
 
     # The public entry point: NHD layout, the same numbers as the HND kernel call; clear errors.
     import sageattention.triton as st
@@ -136,6 +144,10 @@ def test_v_quantization_is_torchs_e4m3_cast_transposed(measured):
 
 def test_one_accumulator_variant_computes_the_same(measured):
     assert measured["one_accumulator_cos"] >= 0.99999
+
+
+def test_tensor_descriptor_variant_loads_the_same_tiles(measured):
+    assert measured["tma_equal_False"] and measured["tma_equal_True"]
 
 
 def test_public_entry_point_layouts_and_errors(measured):
