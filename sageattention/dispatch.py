@@ -206,26 +206,35 @@ def use_calibration(enabled: bool):
         _calibration_switch.reset(token)
 
 
+def _calibration_setting(env=None) -> tuple[bool, str | None]:
+    """(enabled, user table path or None) from SAGEATTENTION_CALIBRATION: on (default), off, or the
+    path of a table file or of a folder of sm<major><minor>.json tables (your own measurements)."""
+    raw = (os.environ if env is None else env).get(CALIBRATION_ENV_VAR, "")
+    value = raw.strip()
+    if value.lower() in CALIBRATION_VALUES or not value:
+        return (value.lower() or CALIBRATION_VALUES[0]) == "on", None
+    if os.path.exists(value):
+        return True, os.path.abspath(value)
+    raise ValueError(f"{CALIBRATION_ENV_VAR}={raw!r} is not accepted; use one of: "
+                     f"{', '.join(CALIBRATION_VALUES)} (default {CALIBRATION_VALUES[0]}), or the path "
+                     "of a calibration table or of a folder of them (that path does not exist)")
+
+
 def calibration_enabled(env=None) -> bool:
     """Whether the default dispatch consults calibration tables: use_calibration() first, then the
-    SAGEATTENTION_CALIBRATION variable (on/off, default on)."""
+    SAGEATTENTION_CALIBRATION variable (on/off/a path, default on)."""
     switch = _calibration_switch.get()
-    if switch is not None:
-        return switch
-    raw = (os.environ if env is None else env).get(CALIBRATION_ENV_VAR, "")
-    value = raw.strip().lower() or CALIBRATION_VALUES[0]
-    if value not in CALIBRATION_VALUES:
-        raise ValueError(f"{CALIBRATION_ENV_VAR}={raw!r} is not accepted; use one of: "
-                         f"{', '.join(CALIBRATION_VALUES)} (default {CALIBRATION_VALUES[0]})")
-    return value == "on"
+    enabled, _ = _calibration_setting(env)  # a bad variable fails even when the switch decides
+    return enabled if switch is None else switch
 
 
 def calibration_for(capability: tuple[int, int] | None, env=None) -> calibration.Table | None:
-    """The calibration table the default dispatch uses on a GPU of this capability: None on CPU, when
-    disabled, or when the package has no (usable) table for exactly this capability."""
+    """The calibration table the default dispatch uses on a GPU of this capability: the one under
+    SAGEATTENTION_CALIBRATION=PATH if it has one for this GPU, else the packaged one; None on CPU,
+    when disabled, or when there is no (usable) table for exactly this capability."""
     if not calibration_enabled(env) or capability is None:  # a bad variable fails on any device
         return None
-    return calibration.for_capability(tuple(capability))
+    return calibration.for_capability(tuple(capability), _calibration_setting(env)[1])
 
 
 # --- last backend (thread-local) ------------------------------------------------------------

@@ -226,24 +226,47 @@ def tables_folder():
     return resources.files(__name__)
 
 
-@functools.lru_cache(maxsize=None)
-def for_capability(capability: tuple[int, int]) -> Table | None:
-    """The packaged table for this exact capability, or None: no file for it (not calibrated), or a
-    broken file (logged once as a warning; the dispatcher then uses the static order)."""
-    name = file_name(capability)
+def _usable(resource, capability: tuple[int, int], *, label: str | None = None,
+            named_for_capability: bool = True) -> Table | None:
+    """The table in ``resource`` if it is for GPUs of ``capability``; None when it is for another
+    GPU (a file given by path) or broken (logged once as a warning: a bad table must never break a
+    sageattn call; the dispatcher then uses the next table or the static order)."""
     try:
-        resource = tables_folder().joinpath(name)
-        if not resource.is_file():
-            return None
-        table = load(resource)
-        if table.capability != tuple(capability):
+        table = load(resource, label=label)
+        if table.capability == tuple(capability):
+            return table
+        if named_for_capability:
             raise CalibrationError(f"calibration table {resource}: capability: {list(table.capability)} "
-                                   f"does not match the file name {name}")
-        return table
-    except Exception as exc:  # noqa: BLE001 - a bad table must never break a sageattn call
-        logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen in the "
-                       "static preference order", name, exc)
+                                   f"does not match the file name {file_name(capability)}")
         return None
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen by the "
+                       "next table or the static preference order", resource, exc)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def for_capability(capability: tuple[int, int], user_path: str | None = None) -> Table | None:
+    """The table for GPUs of exactly this capability, or None (not calibrated, or broken).
+
+    ``user_path`` (SAGEATTENTION_CALIBRATION=PATH): a table file, used for the GPUs of its own
+    capability, or a folder holding ``sm<major><minor>.json``; it wins over the packaged table,
+    which serves when the path has none for this GPU."""
+    name = file_name(capability)
+    if user_path is not None:
+        path = Path(user_path)
+        if path.is_dir():
+            if (path / name).is_file():
+                table = _usable(path / name, capability, label=f"{name[:-5]} from {path / name}")
+                if table is not None:
+                    return table
+        elif path.is_file():
+            table = _usable(path, capability, label=f"{name[:-5]} from {path}",
+                            named_for_capability=False)
+            if table is not None:
+                return table
+    resource = tables_folder().joinpath(name)
+    return _usable(resource, capability) if resource.is_file() else None
 
 
 # --- writing ------------------------------------------------------------------------------------

@@ -193,8 +193,47 @@ def test_a_broken_file_is_logged_once_and_ignored(package_dir, caplog, text, mat
         assert calibration.for_capability((9, 0)) is None
     warnings = [r.getMessage() for r in caplog.records if r.name == "sageattention"]
     assert len(warnings) == 1
-    assert "ignoring calibration table sm90.json" in warnings[0] and "static preference order" in warnings[0]
+    assert re.search(r"ignoring calibration table \S*sm90\.json", warnings[0])
+    assert "static preference order" in warnings[0]
     assert re.search(match, warnings[0])
+
+
+# --- your own tables: SAGEATTENTION_CALIBRATION=PATH ----------------------------------------------
+
+def test_a_folder_of_your_tables_wins_over_the_package(package_dir, tmp_path_factory):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    mine = tmp_path_factory.mktemp("mine")
+    (mine / "sm90.json").write_text(json.dumps(mutated(("gpu_name",), "NVIDIA H100 (mine)")))
+    table = dispatch.calibration_for((9, 0), env={"SAGEATTENTION_CALIBRATION": str(mine)})
+    assert table.gpu_name == "NVIDIA H100 (mine)"
+    assert table.label == f"sm90 from {mine / 'sm90.json'}"
+    # a GPU the folder has no table for: the packaged one, if any
+    assert dispatch.calibration_for((8, 9), env={"SAGEATTENTION_CALIBRATION": str(mine)}) is None
+
+
+def test_a_table_file_serves_the_gpus_of_its_own_capability(package_dir, tmp_path_factory):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    ada = tmp_path_factory.mktemp("mine") / "my-4090.json"
+    ada.write_text(json.dumps(mutated(("capability",), [8, 9])))
+    env = {"SAGEATTENTION_CALIBRATION": str(ada)}
+    assert dispatch.calibration_for((8, 9), env=env).capability == (8, 9)
+    assert dispatch.calibration_for((9, 0), env=env).source.endswith("sm90.json")  # the package's
+
+
+def test_a_broken_table_of_yours_falls_back_to_the_package(package_dir, tmp_path_factory, caplog):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    mine = tmp_path_factory.mktemp("mine")
+    (mine / "sm90.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        table = dispatch.calibration_for((9, 0), env={"SAGEATTENTION_CALIBRATION": str(mine)})
+    assert table is not None and table.label == "sm90"
+    assert any("not valid JSON" in r.getMessage() for r in caplog.records)
+
+
+def test_a_path_that_does_not_exist_is_a_clear_error(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ValueError, match="neither|does not exist"):
+        dispatch.calibration_enabled(env={"SAGEATTENTION_CALIBRATION": str(missing)})
 
 
 def test_a_broken_file_never_breaks_sageattn(package_dir, monkeypatch):

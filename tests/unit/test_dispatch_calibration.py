@@ -233,7 +233,7 @@ def test_use_calibration_context_wins_over_the_env_var():
 
 
 def test_calibration_for_respects_the_switch(monkeypatch):
-    monkeypatch.setattr(calibration, "for_capability", lambda cap: MIXED)
+    monkeypatch.setattr(calibration, "for_capability", lambda cap, user_path=None: MIXED)
     assert dispatch.calibration_for((9, 0), env={}) is MIXED
     assert dispatch.calibration_for((9, 0), env={"SAGEATTENTION_CALIBRATION": "off"}) is None
     assert dispatch.calibration_for(None, env={}) is None
