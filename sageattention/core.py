@@ -169,24 +169,47 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     """INT8 QK / FP16 PV attention on the Triton kernels (which take masks); SDPA where the input
     needs it (CPU, fp32, grad, dropout). `quantization_backend` is accepted for compatibility: the
     Triton backend always quantizes with its own kernels."""
-    check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
-    options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
-    options.update(attn_mask=attn_mask, smooth_k=smooth_k)
-    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-                      return_lse=return_lse, options=options)
-    return _attend(call, q, k, v, candidates=("triton-fp16",), allow_fallback=False)
+    def eager():
+        check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
+        options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
+        options.update(attn_mask=attn_mask, smooth_k=smooth_k)
+        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                          sm_scale=sm_scale, return_lse=return_lse, options=options)
+        return _attend(call, q, k, v, candidates=("triton-fp16",), allow_fallback=False)
+
+    params = dict(tensor_layout=tensor_layout, quantization_backend=quantization_backend,
+                  is_causal=is_causal, attn_mask=attn_mask, sm_scale=sm_scale, smooth_k=smooth_k,
+                  return_lse=return_lse)
+    return _traceable("sageattn_qk_int8_pv_fp16_triton", q, k, v, params, kwargs, eager)
+
+
+def _traceable(name, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None)):
+    """``eager()``, or while torch.compile traces, one opaque custom op that runs it (traced.py)."""
+    if torch.compiler.is_compiling():
+        from . import traced
+        return traced.call(name, q, k, v, params, kwargs, eager, cu_seqlens)
+    return eager()
 
 
 def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_causal, qk_quant_gran,
-                   sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, kwargs):
-    check_choice("qk_quant_gran", qk_quant_gran, CUDA_QK_QUANT_GRANS)
-    check_choice("pv_accum_dtype", pv_accum_dtype, accum_choices)
-    options = split_kwargs(name, kwargs, _SDPA_KEYWORDS)
-    options.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
-                   smooth_v=smooth_v)
-    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-                      return_lse=return_lse, options=options)
-    return _attend(call, q, k, v, candidates=candidates, allow_fallback=False)
+                   sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, kwargs, *,
+                   takes_smooth_v=True):
+    def eager():
+        check_choice("qk_quant_gran", qk_quant_gran, CUDA_QK_QUANT_GRANS)
+        check_choice("pv_accum_dtype", pv_accum_dtype, accum_choices)
+        options = split_kwargs(name, kwargs, _SDPA_KEYWORDS)
+        options.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype,
+                       smooth_k=smooth_k, smooth_v=smooth_v)
+        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+                          sm_scale=sm_scale, return_lse=return_lse, options=options)
+        return _attend(call, q, k, v, candidates=candidates, allow_fallback=False)
+
+    params = dict(tensor_layout=tensor_layout, is_causal=is_causal, qk_quant_gran=qk_quant_gran,
+                  sm_scale=sm_scale, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,
+                  return_lse=return_lse)
+    if takes_smooth_v:
+        params["smooth_v"] = smooth_v
+    return _traceable(name, q, k, v, params, kwargs, eager)
 
 
 def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
@@ -223,7 +246,7 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=Fa
     """Upstream's sm90 entry point. This build runs it on the sm89 FP8 family, which serves sm90."""
     return _cuda_function("sageattn_qk_int8_pv_fp8_cuda_sm90", _FP8_NATIVE, PV_ACCUM_DTYPES_FP8, q, k, v,
                           tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
-                          False, return_lse, kwargs)
+                          False, return_lse, kwargs, takes_smooth_v=False)
 
 
 def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
@@ -231,6 +254,16 @@ def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     """Attention over packed sequences: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`, sequence i
     being rows `cu_seqlens[i]:cu_seqlens[i+1]`. Runs the Triton varlen kernel where it can, else
     SDPA per sequence. Causal is top-left within each sequence (SDPA's is_causal)."""
+    params = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, is_causal=is_causal,
+                  sm_scale=sm_scale, smooth_k=smooth_k)
+    return _traceable("sageattn_varlen", q, k, v, params, kwargs,
+                      lambda: _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      is_causal, sm_scale, smooth_k, kwargs),
+                      (cu_seqlens_q, cu_seqlens_k))
+
+
+def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, sm_scale,
+            smooth_k, kwargs):
     options = split_kwargs("sageattn_varlen", kwargs, {"scale": None})
     problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     is_causal = check_bool("is_causal", is_causal)

@@ -98,3 +98,100 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
                            float(opts["dropout_p"]), opts["enable_gqa"], opts["qk_quant_gran"],
                            opts["pv_accum_dtype"], opts["smooth_k"], opts["smooth_v"])
     return (out, lse) if return_lse else out
+
+
+# --- the other five public functions ----------------------------------------------------------
+# One op for all of them: which function, its tensors, and every non-tensor parameter any of them
+# takes as an optional slot; `names` says which slots the function receives (exactly what the
+# caller passed, defaults filled in; comma-separated: op schemas take no list of str), so the
+# eager function sees the call it would have seen.
+
+_SLOTS = ("tensor_layout", "quantization_backend", "is_causal", "qk_quant_gran", "sm_scale",
+          "pv_accum_dtype", "smooth_k", "smooth_v", "return_lse", "max_seqlen_q", "max_seqlen_k",
+          "dropout_p", "enable_gqa", "scale")
+_SLOT_TYPES = {"tensor_layout": str, "quantization_backend": str, "is_causal": bool,
+               "qk_quant_gran": str, "sm_scale": float, "pv_accum_dtype": str, "smooth_k": bool,
+               "smooth_v": bool, "return_lse": bool, "max_seqlen_q": int, "max_seqlen_k": int,
+               "dropout_p": float, "enable_gqa": bool, "scale": float}
+FUNCTIONS = ("sageattn_qk_int8_pv_fp16_triton", "sageattn_qk_int8_pv_fp16_cuda",
+             "sageattn_qk_int8_pv_fp8_cuda", "sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_varlen")
+
+
+@torch.library.custom_op("sageattention::call", mutates_args=())
+def call_op(function: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            attn_mask: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+            cu_seqlens_k: Optional[torch.Tensor], names: str,
+            tensor_layout: Optional[str], quantization_backend: Optional[str],
+            is_causal: Optional[bool], qk_quant_gran: Optional[str], sm_scale: Optional[float],
+            pv_accum_dtype: Optional[str], smooth_k: Optional[bool], smooth_v: Optional[bool],
+            return_lse: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+            dropout_p: Optional[float], enable_gqa: Optional[bool],
+            scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import core
+
+    slots = dict(zip(_SLOTS, (tensor_layout, quantization_backend, is_causal, qk_quant_gran, sm_scale,
+                              pv_accum_dtype, smooth_k, smooth_v, return_lse, max_seqlen_q,
+                              max_seqlen_k, dropout_p, enable_gqa, scale)))
+    kwargs = {name: slots[name] for name in names.split(",") if name}
+    if attn_mask is not None:
+        kwargs["attn_mask"] = attn_mask
+    fn = getattr(core, function)
+    if function == "sageattn_varlen":
+        result = fn(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs)
+    else:
+        result = fn(q, k, v, **kwargs)
+    out, lse = result if kwargs.get("return_lse") else (result, None)
+    out = out.contiguous()
+    lse = lse.contiguous() if lse is not None else out.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+@call_op.register_fake
+def _call_fake(function, q, k, v, attn_mask, cu_seqlens_q, cu_seqlens_k, names, tensor_layout,
+               quantization_backend, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
+               smooth_v, return_lse, max_seqlen_q, max_seqlen_k, dropout_p, enable_gqa, scale):
+    out = q.new_empty(q.shape)
+    if function == "sageattn_varlen":  # its offsets are data: checked when the graph runs
+        return out, q.new_empty((0,), dtype=torch.float32)
+    # The dense checks every function shares; function-specific choices (granularity names,
+    # accumulators) are checked by the function itself when the graph runs.
+    given = dict(zip(_SLOTS, (tensor_layout, quantization_backend, is_causal, qk_quant_gran,
+                              sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, max_seqlen_q,
+                              max_seqlen_k, dropout_p, enable_gqa, scale)))
+    options = dict(SAGEATTN_KEYWORDS)
+    options.update({n: given[n] for n in names.split(",") if n in SAGEATTN_KEYWORDS},
+                   attn_mask=attn_mask)
+    call = parse_call(q, k, v, tensor_layout=tensor_layout or "HND", is_causal=bool(is_causal),
+                      sm_scale=sm_scale, return_lse=bool(return_lse), options=options)
+    p = call.problem
+    lse_shape = (p.batch, p.q_heads, p.q_len) if return_lse else (0,)
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _fits(value, kind) -> bool:
+    if value is None:
+        return True
+    if kind is float:
+        return _is_number(value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None)):
+    """`function` while torch.compile traces: the custom op, or ``eager()`` when the op cannot carry
+    the call (grad, an unknown keyword, a value of a type its slot does not take)."""
+    params = {**params, **kwargs}
+    mask = params.pop("attn_mask", None)
+    tensors = (q, k, v, *(t for t in cu_seqlens if t is not None))
+    if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.requires_grad for t in (q, k, v)):
+        return eager()
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.requires_grad):
+        return eager()
+    if any(name not in _SLOT_TYPES or not _fits(value, _SLOT_TYPES[name]) for name, value in params.items()):
+        return eager()
+    slots = [params.get(name) for name in _SLOTS]
+    slots = [float(x) if _SLOT_TYPES[n] is float and x is not None else x for n, x in zip(_SLOTS, slots)]
+    out, lse = call_op(function, q, k, v, mask, cu_seqlens[0], cu_seqlens[1], ",".join(params),
+                       *slots)
+    return (out, lse) if params.get("return_lse") else out

@@ -37,3 +37,37 @@ def test_fullgraph_compiled_sageattn_runs_the_forced_backend(name, compile_backe
         out = compiled(q, k, v)
     assert sa.last_backend() == name
     torch.testing.assert_close(out, expected * 2, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp8_cuda",
+                                  "sageattn_qk_int8_pv_fp16_triton"])
+def test_fullgraph_kernel_specific_functions(name):
+    import sageattention as sa
+
+    torch._dynamo.reset()
+    fn = getattr(sa, name)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 257, 64, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    try:
+        expected = fn(q, k, v, is_causal=True)
+    except sa.BackendUnavailableError as exc:
+        pytest.skip(f"{name} cannot run here: {exc}")
+    ran = sa.last_backend()
+    out = torch.compile(lambda q, k, v: fn(q, k, v, is_causal=True), fullgraph=True)(q, k, v)
+    assert sa.last_backend() == ran
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_fullgraph_varlen():
+    import sageattention as sa
+
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(3000, 8, 128, device="cuda", generator=g, dtype=torch.float16)
+               for _ in range(3))
+    cu = torch.tensor([0, 1, 1000, 3000], dtype=torch.int32, device="cuda")
+    expected = sa.sageattn_varlen(q, k, v, cu, cu, 2000, 2000, is_causal=True)
+    out = torch.compile(lambda q, k, v: sa.sageattn_varlen(q, k, v, cu, cu, 2000, 2000, is_causal=True),
+                        fullgraph=True)(q, k, v)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

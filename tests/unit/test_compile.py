@@ -84,3 +84,71 @@ def test_arguments_the_schema_cannot_carry_take_the_eager_path():
     fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v, smooth_k="yes"), backend="eager")
     with pytest.raises(Exception, match="smooth_k"):
         fn(q, k, v)
+
+
+# --- the other five functions: one generic op --------------------------------------------------
+
+SPECIFIC = [
+    ("sageattn_qk_int8_pv_fp16_triton", dict(is_causal=True, return_lse=True)),
+    ("sageattn_qk_int8_pv_fp16_cuda", dict(pv_accum_dtype="fp16+fp32", qk_quant_gran="per_warp")),
+    ("sageattn_qk_int8_pv_fp8_cuda", dict(is_causal=True, return_lse=True, smooth_v=True)),
+    ("sageattn_qk_int8_pv_fp8_cuda_sm90", dict(tensor_layout="NHD")),
+]
+
+
+@pytest.mark.parametrize("name,kwargs", SPECIFIC, ids=[s[0] for s in SPECIFIC])
+def test_kernel_specific_functions_trace_with_fullgraph(name, kwargs):
+    fn = getattr(sa, name)
+    q, k, v = qkv(kwargs.get("tensor_layout", "HND"))
+    compiled = torch.compile(lambda q, k, v: fn(q, k, v, **kwargs), fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v), fn(q, k, v, **kwargs)
+    if kwargs.get("return_lse"):
+        torch.testing.assert_close(got[1], want[1])
+        got, want = got[0], want[0]
+    torch.testing.assert_close(got, want)
+    assert sa.last_backend() == "sdpa"  # CPU tensors: the input itself needs SDPA
+
+
+def test_triton_function_takes_its_mask_under_fullgraph():
+    q, k, v = qkv()
+    mask = torch.zeros(40, 56)
+    mask[:, 30:] = float("-inf")
+    fn = torch.compile(lambda q, k, v, m: sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, attn_mask=m),
+                       fullgraph=True, backend="eager")
+    torch.testing.assert_close(fn(q, k, v, mask), sa.sageattn_qk_int8_pv_fp16_triton(q, k, v, attn_mask=mask))
+
+
+def test_varlen_traces_with_fullgraph():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(100, 4, 32, generator=g) for _ in range(3))
+    cu = torch.tensor([0, 17, 60, 100], dtype=torch.int32)
+
+    def fn(q, k, v, cu):
+        return sa.sageattn_varlen(q, k, v, cu, cu, 43, 43, is_causal=True)
+
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, k, v, cu)
+    torch.testing.assert_close(out, fn(q, k, v, cu))
+
+
+def test_bad_options_of_a_specific_function_still_name_the_problem():
+    q, k, v = qkv()
+    fn = torch.compile(lambda q, k, v: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp64"),
+                       fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="pv_accum_dtype='fp64' is not accepted"):
+        fn(q, k, v)
+    # a choice only the function itself rejects (fp8 accumulators on the fp16 function): when the
+    # graph runs, as the same ValueError eager code raises
+    fn = torch.compile(
+        lambda q, k, v: sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp32+fp32"),
+        fullgraph=True, backend="eager")
+    with pytest.raises(ValueError, match="pv_accum_dtype"):
+        fn(q, k, v)
+
+
+def test_the_generic_op_passes_opcheck():
+    q, k, v = qkv()
+    names = "tensor_layout,is_causal,qk_quant_gran,sm_scale,pv_accum_dtype,smooth_k,smooth_v,return_lse"
+    slots = ["HND", None, True, "per_thread", None, "fp32", True, False, True, None, None, None,
+             None, None]
+    torch.library.opcheck(traced.call_op, ("sageattn_qk_int8_pv_fp16_cuda", q, k, v, None, None, None,
+                                           names, *slots))
