@@ -141,6 +141,16 @@ def test_performance_figures_come_from_the_report():
     assert len(rows) == 20
 
 
+def test_cases_where_sageattn_ran_sdpa_are_said_so():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    assert "ran PyTorch SDPA itself" not in note_for(STEM90)  # the fixture's cases ran kernels
+    for case in doc["performance"]["cases"][:3]:
+        case["backend"] = "sdpa"
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert ("in 3 of 20 cases `sageattn` ran PyTorch SDPA itself (the GPU's calibration table "
+            "measured it faster there)") in text
+
+
 def test_chart_is_valid_svg_with_one_bar_per_case(written):
     svg = (written / f"{STEM90}.speedup.svg").read_text()
     dom = xml.dom.minidom.parseString(svg)
