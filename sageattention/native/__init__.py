@@ -150,6 +150,27 @@ def import_extension(extension: str, family: str) -> None:
         ) from exc
 
 
+class ExtensionLoader:
+    """``load()`` of one family: import its compiled extension (which registers the ops) and
+    register the ops' fake implementations, once and thread-safely; ImportError saying why the
+    extension is not usable here. ``loaded`` is the lock-free fast path."""
+
+    def __init__(self, extension: str, family: str, register_fakes) -> None:
+        self.extension, self.family, self.register_fakes = extension, family, register_fakes
+        self.loaded = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        if self.loaded:
+            return
+        with self._lock:
+            if self.loaded:
+                return
+            import_extension(self.extension, self.family)
+            self.register_fakes()
+            self.loaded = True
+
+
 def register_quant_int8_fake(namespace: str) -> None:
     """The fake of ``<namespace>::quant_int8``, an op every INT8 family defines with one schema."""
     import torch

@@ -5,15 +5,12 @@ schemas in csrc/sm80/bindings.cpp) and registers their fake implementations.
 """
 from __future__ import annotations
 
-import threading
-
 import torch
+
+from . import ExtensionLoader
 
 EXTENSION = "sageattention._kernels_sm80"
 NAMESPACE = "sageattention_sm80"
-
-_lock = threading.Lock()
-_loaded = False
 
 
 def _register_fakes() -> None:
@@ -29,22 +26,9 @@ def _register_fakes() -> None:
                 q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32))
 
 
-def load() -> None:
-    """Import the extension (registering its ops) and the fake implementations, once.
-
-    Raises ImportError saying why when the extension is not usable here.
-    """
-    global _loaded
-    if _loaded:  # lock-free fast path (torch.compile traces through it)
-        return
-    with _lock:
-        if _loaded:
-            return
-        from . import import_extension
-
-        import_extension(EXTENSION, "sm80")
-        _register_fakes()
-        _loaded = True
+# Import the extension (registering its ops) and the fake implementations, once; ImportError
+# saying why when the extension is not usable here.
+load = ExtensionLoader(EXTENSION, "sm80", _register_fakes)
 
 
 def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=None):

@@ -30,8 +30,8 @@ def no_extensions(monkeypatch, fresh_status):
     for spec in native.FAMILIES.values():
         monkeypatch.setitem(sys.modules, spec["extension"], None)  # None => ImportError on import
     for fam in MY_FAMILIES:
-        mod = __import__(f"sageattention.native.{fam}", fromlist=["_loaded"])
-        monkeypatch.setattr(mod, "_loaded", False)
+        mod = __import__(f"sageattention.native.{fam}", fromlist=["load"])
+        monkeypatch.setattr(mod.load, "loaded", False)
     yield
 
 
