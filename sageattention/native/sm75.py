@@ -8,11 +8,12 @@ from families.json, the table the build and the dispatcher also read.
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
 import torch
+
+from . import ExtensionLoader
 
 __all__ = ["EXTENSION", "OP_NAMESPACE", "SUPPORT", "load", "qk_int8_pv_fp16"]
 
@@ -23,29 +24,16 @@ EXTENSION = SUPPORT["extension"]
 TENSOR_LAYOUTS = ("HND", "NHD")
 DTYPES = (torch.float16, torch.bfloat16)
 
-_loaded = False
 
-
-def load() -> None:
-    """Import the compiled extension (registering its ops) and the fake implementation.
-
-    Raises ImportError naming the reason when the extension is not usable.
-    """
-    global _loaded
-    if _loaded:
-        return
-    try:
-        importlib.import_module(EXTENSION)
-    except ImportError as exc:
-        raise ImportError(f"{EXTENSION} is not in this build or does not load: {exc}") from exc
-    if not hasattr(torch.ops, OP_NAMESPACE) or not hasattr(
-        getattr(torch.ops, OP_NAMESPACE), "qk_int8_pv_fp16"
-    ):
-        raise ImportError(
-            f"{EXTENSION} imported but did not register {OP_NAMESPACE}::qk_int8_pv_fp16"
-        )
+def _register_fake() -> None:
+    if not hasattr(getattr(torch.ops, OP_NAMESPACE), "qk_int8_pv_fp16"):
+        raise ImportError(f"{EXTENSION} imported but did not register {OP_NAMESPACE}::qk_int8_pv_fp16")
     torch.library.register_fake(f"{OP_NAMESPACE}::qk_int8_pv_fp16")(_qk_int8_pv_fp16_fake)
-    _loaded = True
+
+
+# Import the compiled extension (registering its op) and the fake implementation, once;
+# ImportError naming the reason when the extension is not usable.
+load = ExtensionLoader(EXTENSION, FAMILY, _register_fake)
 
 
 def _qk_int8_pv_fp16_fake(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k, return_lse):
@@ -112,8 +100,7 @@ def qk_int8_pv_fp16(
     adding it back is an identity (each row of P sums to 1), so the kernel skips both steps.
     """
     _check(q, k, v, tensor_layout, qk_quant_gran, pv_accum_dtype)
-    if not _loaded:
-        load()
+    load()
     if sm_scale is None:
         sm_scale = q.shape[-1] ** -0.5
     # The kernels read any batch/head/token strides but need a contiguous head dim.
