@@ -131,6 +131,24 @@ inline void add_smoothing_lse(at::Tensor& lse, const at::Tensor& q, const at::Te
   lse.add_(at::matmul(qh.to(at::kFloat), kmq.unsqueeze(-1)).squeeze(-1), sm_scale);
 }
 
+// The front half both attention ops share, after check_qkv and under the caller's device guard:
+// K's token mean when smoothing (kept for the LSE correction), then INT8 Q (scale carrying
+// sm_scale * log2(e)) and INT8 K (smoothed).
+struct QuantizedQK {
+  View Q, K;
+  c10::optional<at::Tensor> k_mean;
+  at::Tensor q_i8, q_scale, k_i8, k_scale;
+};
+
+inline QuantizedQK quantize_qk(QuantInt8Launcher launch, const at::Tensor& q, const at::Tensor& k,
+                               bool hnd, QuantGran gran, double sm_scale, bool smooth_k) {
+  QuantizedQK r{view_of(q, hnd), view_of(k, hnd), c10::nullopt, {}, {}, {}, {}};
+  if (smooth_k) r.k_mean = token_mean(k, hnd);
+  std::tie(r.q_i8, r.q_scale) = quant_int8(launch, q, c10::nullopt, hnd, gran, false, sm_scale * kLog2e);
+  std::tie(r.k_i8, r.k_scale) = quant_int8(launch, k, r.k_mean, hnd, gran, true, 1.0);
+  return r;
+}
+
 inline void fill_attn_common(AttnParams& p, const at::Tensor& q_i8, const at::Tensor& q_scale,
                              const at::Tensor& k_i8, const at::Tensor& k_scale, const View& Q,
                              const View& K, at::Tensor& out, bool hnd, at::Tensor& lse,

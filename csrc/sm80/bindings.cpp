@@ -37,29 +37,25 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::View Q = glue::view_of(q, hnd), K = glue::view_of(k, hnd);
-  c10::optional<at::Tensor> km;
-  if (smooth_k) km = glue::token_mean(k, hnd);
-  auto [q_i8, q_scale] = glue::quant_int8(&sm80::quant_int8, q, c10::nullopt, hnd, gran, false,
-                                          sm_scale * glue::kLog2e);
-  auto [k_i8, k_scale] = glue::quant_int8(&sm80::quant_int8, k, km, hnd, gran, true, 1.0);
+  const glue::QuantizedQK qk = glue::quantize_qk(&sm80::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
   // FP16 PV: bf16 V is converted to fp16 (docs/architecture.md).
   const at::Tensor v16 = glue::vector_friendly(v.scalar_type() == at::kHalf ? v : v.to(at::kHalf));
   const glue::View V = glue::view_of(v16, hnd);
 
   at::Tensor out = at::empty(q.sizes(), q.options());
-  at::Tensor lse = at::empty({return_lse ? Q.B : 0, Q.H, Q.N}, q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
   AttnParams p{};
-  glue::fill_attn_common(p, q_i8, q_scale, k_i8, k_scale, Q, K, out, hnd, lse, return_lse, gran,
-                         is_causal);
+  glue::fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse,
+                         return_lse, gran, is_causal);
   p.v = v16.data_ptr();
   p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const DType od = glue::dtype_of(q);
-  const cudaError_t err = Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+  const cudaError_t err =
+      qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
   TORCH_CHECK(err == cudaSuccess, "sageattention_sm80 attention launch failed: ",
               cudaGetErrorString(err));
-  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *km, hnd, sm_scale);
+  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
   return {out, lse};
 }
 

@@ -88,30 +88,26 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::View Q = glue::view_of(q, hnd), K = glue::view_of(k, hnd);
-  c10::optional<at::Tensor> km;
-  if (smooth_k) km = glue::token_mean(k, hnd);
-  auto [q_i8, q_scale] = glue::quant_int8(&sm89::quant_int8, q, c10::nullopt, hnd, gran, false,
-                                          sm_scale * glue::kLog2e);
-  auto [k_i8, k_scale] = glue::quant_int8(&sm89::quant_int8, k, km, hnd, gran, true, 1.0);
+  const glue::QuantizedQK qk = glue::quantize_qk(&sm89::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
   auto [v8, v_scale, v_mean] =
       quant_v_fp8_impl(v, hnd, smooth_v, accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : kFp8Max);
 
   at::Tensor out = at::empty(q.sizes(), q.options());
-  at::Tensor lse = at::empty({return_lse ? Q.B : 0, Q.H, Q.N}, q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
   AttnParams p{};
-  glue::fill_attn_common(p, q_i8, q_scale, k_i8, k_scale, Q, K, out, hnd, lse, return_lse, gran,
-                         is_causal);
+  glue::fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse,
+                         return_lse, gran, is_causal);
   TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
   p.v = v8.data_ptr();
   p.v_scale = v_scale.data_ptr<float>();
   p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const DType od = glue::dtype_of(q);
-  const cudaError_t err = Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+  const cudaError_t err =
+      qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
   TORCH_CHECK(err == cudaSuccess, "sageattention_sm89 attention launch failed: ",
               cudaGetErrorString(err));
-  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *km, hnd, sm_scale);
+  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
   return {out, lse};
 }
 
