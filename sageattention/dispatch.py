@@ -220,21 +220,28 @@ def _calibration_setting(env=None) -> tuple[bool, str | None]:
                      "of a calibration table or of a folder of them (that path does not exist)")
 
 
+def _calibration_state(env=None) -> tuple[bool, str | None]:
+    """(enabled, user table path): use_calibration() decides on/off first, then the variable; a bad
+    variable fails even when the switch decides."""
+    enabled, user_path = _calibration_setting(env)
+    switch = _calibration_switch.get()
+    return (enabled if switch is None else switch), user_path
+
+
 def calibration_enabled(env=None) -> bool:
     """Whether the default dispatch consults calibration tables: use_calibration() first, then the
     SAGEATTENTION_CALIBRATION variable (on/off/a path, default on)."""
-    switch = _calibration_switch.get()
-    enabled, _ = _calibration_setting(env)  # a bad variable fails even when the switch decides
-    return enabled if switch is None else switch
+    return _calibration_state(env)[0]
 
 
 def calibration_for(capability: tuple[int, int] | None, env=None) -> calibration.Table | None:
     """The calibration table the default dispatch uses on a GPU of this capability: the one under
     SAGEATTENTION_CALIBRATION=PATH if it has one for this GPU, else the packaged one; None on CPU,
     when disabled, or when there is no (usable) table for exactly this capability."""
-    if not calibration_enabled(env) or capability is None:  # a bad variable fails on any device
+    enabled, user_path = _calibration_state(env)  # one read of the variable per call
+    if not enabled or capability is None:
         return None
-    return calibration.for_capability(tuple(capability), _calibration_setting(env)[1])
+    return calibration.for_capability(tuple(capability), user_path)
 
 
 # --- last backend (thread-local) ------------------------------------------------------------
