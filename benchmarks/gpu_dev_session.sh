@@ -8,7 +8,7 @@
 # Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
 # (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
 # calibrate (python -m sageattention.calibrate), validate (scripts.factory.validate on the wheel).
-# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
+# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
 OUT=${OUT:-$PWD/runner_out}
 S=$OUT/s
@@ -37,7 +37,8 @@ cd /tmp   # import the installed wheel, not the source tree
 REPO=$OLDPWD
 for step in $STEPS; do
   case $step in
-    tests) t tests 240 python3 -m pytest "$REPO/tests/gpu" -q --junitxml="$S/tests.xml" -p no:cacheprovider ;;
+    tests) xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")  # parallel Triton compiles
+           t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
     hopper) t hopper 240 python3 "$REPO/benchmarks/gpu_dev_hopper.py" --sweep --out "$S" ;;
     triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
     bench) t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
