@@ -66,6 +66,13 @@ def scale_group_ids(n_tokens: int, *, granularity: str, is_query: bool, blkq: in
     return (t // blkk) * 4 + (t % 8) // 2, -(-n_tokens // blkk) * 4
 
 
+def _divide(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``x / divisor`` rounded as one IEEE division, on every device: on CUDA, PyTorch turns the
+    division of a tensor by a Python number into a multiplication by its rounded reciprocal, one ulp
+    off at times, which moves a quantized value across a rounding boundary now and then."""
+    return x / torch.full((), divisor, dtype=x.dtype, device=x.device)
+
+
 def quantize_int8(x: torch.Tensor, *, granularity: str, is_query: bool, blkq: int = 128,
                   blkk: int = 64, warpq: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Symmetric INT8 quantization of an HND fp32 tensor `[B, H, N, D]`.
@@ -79,7 +86,7 @@ def quantize_int8(x: torch.Tensor, *, granularity: str, is_query: bool, blkq: in
     token_amax = x.abs().amax(dim=-1)
     group_amax = torch.zeros(b, h, n_groups, dtype=torch.float32, device=x.device)
     group_amax.scatter_reduce_(-1, gid.expand(b, h, n), token_amax, reduce="amax", include_self=True)
-    group_scale = torch.clamp_min(group_amax / INT8_MAX, SCALE_FLOOR)
+    group_scale = torch.clamp_min(_divide(group_amax, INT8_MAX), SCALE_FLOOR)
     token_scale = group_scale[..., gid]
     values = torch.round(x / token_scale[..., None]).clamp_(-INT8_MAX, INT8_MAX)
     return values, token_scale, group_scale
@@ -174,7 +181,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     else:
         if fp8_v_max is None:
             fp8_v_max = fp8_v_max_for(pv_accum_dtype)
-        v_scale = torch.clamp_min(v_s.abs().amax(dim=2, keepdim=True) / fp8_v_max, SCALE_FLOOR)
+        v_scale = torch.clamp_min(_divide(v_s.abs().amax(dim=2, keepdim=True), fp8_v_max), SCALE_FLOOR)
         v_q = (v_s / v_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
         p_scale = fp8_p_scale
 

@@ -21,6 +21,11 @@ from .mask import MASK_NONE, MASK_BOOL, MASK_ADD, prepare_mask
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
+# int32 -> fp32 without the hardware conversion (a fraction of the FP32 rate, a cost like exp2's
+# per score): for |i| < 2**22 the bits of 1.5 * 2**23 plus i are the float 1.5 * 2**23 + i exactly,
+# so one integer add and one exact float subtract give float(i); |q . k| <= 127 * 127 * 256 < 2**22.
+_I2F_BITS = tl.constexpr(0x4B400000)
+_I2F_MAGIC = tl.constexpr(12582912.0)
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class KernelConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # True: K and V tiles come through host-made 4-D tensor descriptors (Hopper's bulk tensor copy
+    # engine; out-of-range rows read as zeros). Unmasked dense calls only; see run_attention.
+    use_tma: bool = False
 
     def __post_init__(self):
         if quant.BLKQ % self.block_m or self.block_m < 16:
@@ -61,8 +69,10 @@ def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool,
 @triton.jit
 def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_n,
                n_keys, offs_m, offs_ml, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
+               K_DESC, V_DESC, bi, kvhi,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr, BLOCK_N: tl.constexpr,
-               EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+               EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+               USE_TMA: tl.constexpr):
     """One K block of online softmax. EDGE masks keys past ``n_keys`` (and the causal diagonal).
 
     ``offs_m``: the tile's query positions (for causal); ``offs_ml``: the same from 0 (addresses).
@@ -72,11 +82,13 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
     col_ok = cols < n_keys
     start64 = tl.cast(start_n, tl.int64)  # tl.cast: the interpreter hands plain ints here
     k_ptrs = K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None]
-    if EDGE:
+    if USE_TMA:
+        k = tl.trans(K_DESC.load([bi, kvhi, start_n, 0]).reshape(BLOCK_N, D))
+    elif EDGE:
         k = tl.load(k_ptrs, mask=col_ok[None, :], other=0)
     else:
         k = tl.load(k_ptrs)
-    qk = tl.dot(q, k).to(tl.float32)
+    qk = (tl.dot(q, k) + _I2F_BITS).to(tl.float32, bitcast=True) - _I2F_MAGIC  # exact float(q.k)
     if BLOCK_N <= KBLK:
         # The tile lies inside one K scale block: one scalar (a per-column vector costs registers).
         scale = tl.load(KS_base + start_n // KBLK) * q_scale
@@ -118,7 +130,9 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     v_ptrs = V_base + start64 * stride_vn + offs_n[:, None] * stride_vn + offs_d[None, :]
-    if HEAD_DIM == D:
+    if USE_TMA:
+        v = V_DESC.load([bi, kvhi, start_n, 0]).reshape(BLOCK_N, D)
+    elif HEAD_DIM == D:
         if EDGE:
             v = tl.load(v_ptrs, mask=col_ok[:, None], other=0.0)
         else:
@@ -144,9 +158,10 @@ def _key_bounds(start_m, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_m, n_keys,
-               offs_m, offs_ml, offs_n, offs_d,
+               offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, bi, kvhi,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+               USE_TMA: tl.constexpr):
     """Unmasked (or causal) attention of one Q tile: full K blocks first, then the edge blocks."""
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -155,11 +170,13 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
                                    stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                   0, 0, 0, HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0)
+                                   0, 0, 0, K_DESC, V_DESC, bi, kvhi,
+                                   HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
                                    stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                   0, 0, 0, HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0)
+                                   0, 0, 0, K_DESC, V_DESC, bi, kvhi,
+                                   HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0, USE_TMA)
     return acc, l_i, m_i
 
 
@@ -169,13 +186,13 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
 @triton.jit(do_not_specialize=["n_heads", "group", "n_queries", "n_keys", "n_q_scales", "n_k_scales",
                                "sb_b", "sb_h", "sb_m", "sb_n"])
 def _attn_fwd_kernel(
-    Q8, K8, V, QS, KS, Out, LSE, MASK, BMAP,
+    Q8, K8, V, QS, KS, Out, LSE, MASK, BMAP, K_DESC, V_DESC,
     sq_b, sq_h, sq_n, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_n,
     sm_b, sm_h, sm_m, sm_n, sb_b, sb_h, sb_m, sb_n,
     n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales,
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr, KBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    MASK_KIND: tl.constexpr, RETURN_LSE: tl.constexpr,
+    MASK_KIND: tl.constexpr, RETURN_LSE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # Causal tiles near the end do the most work: launch them first.
     if IS_CAUSAL:
@@ -210,14 +227,16 @@ def _attn_fwd_kernel(
             if tl.load(B_base + (start_n // BLOCK_N) * sb_n) != 0:
                 acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, sk_n,
                                            sv_n, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d,
-                                           M_base, sm_m, sm_n, n_queries,
-                                           HEAD_DIM, D, KBLK, BLOCK_N, True, False, MASK_KIND)
+                                           M_base, sm_m, sm_n, n_queries, K_base, V_base, 0, 0,
+                                           HEAD_DIM, D, KBLK, BLOCK_N, True, False, MASK_KIND,
+                                           False)
         # Rows with every key masked: output 0 (as SDPA's math path in recent torch), LSE -inf.
         inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     else:
         acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, n_keys,
-                                   offs_m, offs_ml, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
-                                   IS_CAUSAL)
+                                   offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, b.to(tl.int32),
+                                   kvh.to(tl.int32), HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                                   USE_TMA)
         inv_l = 1.0 / l_i
 
     out = acc * inv_l[:, None]
@@ -227,6 +246,13 @@ def _attn_fwd_kernel(
     if RETURN_LSE:
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453
         tl.store(LSE + (b * n_heads + h) * n_queries + offs_m, lse, mask=row_ok)
+
+
+def _descriptor_ok(t: torch.Tensor) -> bool:
+    """TMA needs a 16-byte aligned base and 16-byte multiples for every stride but the last (1)."""
+    size = t.element_size()
+    return (t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+            and all((st * size) % 16 == 0 for st in t.stride()[:-1]))
 
 
 def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smooth_k: bool,
@@ -260,16 +286,25 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     else:
         m_strides, b_strides = mask_view.stride(), block_map.stride()
 
+    use_tma = cfg.use_tma and mask_kind == MASK_NONE and _descriptor_ok(v16)
+    if use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        # 4-D descriptors over the real shapes: rows past a head's last token read as zeros.
+        k_desc = TensorDescriptor(k8, list(k8.shape), list(k8.stride()), [1, 1, cfg.block_n, dp])
+        v_desc = TensorDescriptor(v16, list(v16.shape), list(v16.stride()), [1, 1, cfg.block_n, dp])
+    else:
+        k_desc, v_desc = k8, v16  # unused
     grid = (triton.cdiv(n_queries, cfg.block_m), n_heads, batch)
     _attn_fwd_kernel[grid](
-        q8, k8, v16, q_scale, k_scale, out, lse, mask_view, block_map,
+        q8, k8, v16, q_scale, k_scale, out, lse, mask_view, block_map, k_desc, v_desc,
         q8.stride(0), q8.stride(1), q8.stride(2), k8.stride(0), k8.stride(1), k8.stride(2),
         v16.stride(0), v16.stride(1), v16.stride(2), out.stride(0), out.stride(1), out.stride(2),
         *m_strides, *b_strides,
         n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, KBLK=quant.BLKK,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-        MASK_KIND=mask_kind, RETURN_LSE=return_lse,
+        MASK_KIND=mask_kind, RETURN_LSE=return_lse, USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

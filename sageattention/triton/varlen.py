@@ -48,8 +48,8 @@ def _varlen_fwd_kernel(
     V_base = V + k_start * sv_n + kvh * sv_h
     KS_base = KS + (b * (n_heads // group) + kvh) * n_k_scales
     acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, k_len,
-                               offs_m, offs_ml, offs_n, offs_d, HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N,
-                               IS_CAUSAL)
+                               offs_m, offs_ml, offs_n, offs_d, K_base, V_base, 0, 0, HEAD_DIM, D,
+                               KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL, False)
     # A sequence with queries but no keys gives zeros rather than 0/0.
     out = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
     o_ptrs = Out + row0 * so_n + h * so_h + offs_ml[:, None] * so_n + offs_d[None, :]

@@ -108,6 +108,33 @@ def test_gqa_cross_attention_nhd_and_lse(nq, nk, causal):
     assert (lse - exact).abs().max().item() < 0.05
 
 
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("nq, nk, d, causal", [(1000, 3000, 128, False), (777, 777, 80, True),
+                                                (129, 4097, 64, False), (1, 31, 128, False)])
+def test_tensor_descriptor_loads_match_pointer_loads(layout, nq, nk, d, causal):
+    """use_tma (K and V through 4-D tensor descriptors) computes what pointer loads compute: ragged
+    ends, a padded head dim (80 -> 128), GQA and NHD strides included."""
+    _triton()
+    from sageattention.triton import attn
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("tensor descriptors (TMA) need compute capability 9.0+")
+    q, k, v = _qkv(2, 8, 2, nq, nk, d, torch.bfloat16, seed=nk)
+    if layout == "NHD":  # HND views of NHD memory: heads interleaved with tokens
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    dp = 128 if d > 64 else 64
+    outs = []
+    for use_tma in (False, True):
+        cfg = attn.KernelConfig(128, 64, 8 if dp > 64 else 4, 3, use_tma=use_tma)
+        out, lse = attn.run_attention(q, k, v, is_causal=causal, attn_mask=None, sm_scale=d ** -0.5,
+                                      smooth_k=True, return_lse=True, config=cfg)
+        outs.append((out, lse))
+    (ref, ref_lse), (out, lse) = outs
+    assert torch.isfinite(out).all()
+    cos, _ = _metrics(out, ref)
+    assert cos >= 0.99999, f"TMA vs pointer loads: cos={cos:.7f}"
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
 def test_agrees_with_reference_under_same_quantization():
     st = _triton()
     from sageattention.reference import sageattn_reference
