@@ -41,7 +41,9 @@ for step in $STEPS; do
            t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
     hopper) t hopper 240 python3 "$REPO/benchmarks/gpu_dev_hopper.py" --sweep --out "$S" ;;
     triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
-    bench) t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
+    bench) # after calibrate: sageattn dispatches with the table just measured
+           if [ -f "$S/sm90.json" ]; then export SAGEATTENTION_CALIBRATION=$S/sm90.json; fi
+           t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
     calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" \
                  --benchmark-json "$S/calibration-benchmark.json" ;;
     validate) t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" --wheel "$WHEEL" ;;

@@ -55,7 +55,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor
     mean = at::empty({0}, v.options().dtype(at::kFloat));
     amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
   }
-  const at::Tensor scale = (amax / v_max).clamp_min(1e-8).contiguous();
+  // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
+  // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
+  const at::Tensor scale =
+      (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
   const int64_t pad = glue::round_up(V.N, 64);
   auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
   QuantFp8Params p{};

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from . import quant
-from .attn import _key_bounds
+from .attn import _key_bounds, tma_available
 
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
 V_SCALE_FLOOR = 1e-8
@@ -72,18 +72,6 @@ class Fp8Config:
             raise ValueError(f"block_m must divide {quant.BLKQ} and be >= 64, got {self.block_m}")
         if self.block_n not in (32, 64, 128):
             raise ValueError(f"block_n must be 32, 64 or 128 (FP8 dot needs K >= 32), got {self.block_n}")
-
-
-def tma_available(device: torch.device) -> bool:
-    """Whether K and V^T can come through tensor descriptors: a Hopper-class GPU (9.0+) and a Triton
-    with host-side descriptors (3.4+)."""
-    if device.type != "cuda" or _interpreting() or torch.cuda.get_device_capability(device) < (9, 0):
-        return False
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def pick_config(head_dim_padded: int, is_causal: bool, use_tma: bool = False) -> Fp8Config:
