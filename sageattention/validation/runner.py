@@ -53,16 +53,19 @@ class Context:
         return out, ran
 
     def default_dispatch(self, rec: "Recorder", label: str, ref, *args, **kwargs):
-        """Call plain sageattn and require a native backend of this build; SDPA is accepted only
-        when the dispatcher says the GPU's calibration measured it faster for this shape, and then
-        the same call is repeated in the static order, which must run native."""
+        """Call plain sageattn and require a native backend of this build. Another backend (SDPA,
+        a Triton kernel) is accepted only when the dispatcher says the GPU's calibration measured
+        it fastest for this shape; a Triton kernel's output is then held to its bar, and the same
+        call is repeated in the static order, which must run native."""
         out, ran = self.call(rec, None, *args, **kwargs)
         if ran in self.native_names:
             rec.compare(label, out, ref, ran=ran)
             return
         choice = self.api.select_backend(*args, **kwargs) if self.api.select_backend else None
-        if ran == "sdpa" and getattr(choice, "calibrated", False):
-            rec.note(f"{label}: sageattn() ran sdpa by calibration ({choice.reason})")
+        if getattr(choice, "calibrated", False) and ran == getattr(choice, "name", None):
+            rec.note(f"{label}: sageattn() ran {ran} by calibration ({choice.reason})")
+            if ran != "sdpa":
+                rec.compare(f"{label} (calibrated: {ran})", out, ref, ran=ran)
             with self.api.static_dispatch():
                 out, ran = self.call(rec, None, *args, **kwargs)
             label += " (static order)"

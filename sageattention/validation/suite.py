@@ -15,6 +15,7 @@ from .profile import FULL, Profile
 from .runner import Check, Context, run_check
 
 SUITE_VERSION = 1
+TRITON_BACKENDS = ("triton-fp16", "triton-fp8")  # plain Python in every wheel, timed forced too
 
 
 class NoGpu(RuntimeError):
@@ -132,8 +133,9 @@ def performance_section(ctx: Context) -> dict:
         primary = ctx.native_names[0] if ptx else None
         if ptx:
             others = ctx.native_names[1:]
-        else:  # each native backend forced too: the default dispatch may pick SDPA (calibration)
-            others = list(ctx.native_names)
+        else:  # each native backend forced too: the default dispatch may pick SDPA or a Triton
+            # kernel (calibration); the Triton kernels every wheel carries are timed forced as well
+            others = list(ctx.native_names) + [b for b in TRITON_BACKENDS if b not in ctx.native_names]
         timer = benchmark.cuda_timer(10 if quick else 25, 40 if quick else 100)
         perf = benchmark.run(cases, api=ctx.api, device=ctx.device, timer=timer,
                              primary=primary, others=others)

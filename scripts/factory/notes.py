@@ -258,6 +258,11 @@ def _performance_section(report, perf, ptx, gpu, add) -> None:
         add(f"- in {on_sdpa} of {len(cases)} cases `sageattn` ran PyTorch SDPA itself (the GPU's "
             "calibration table measured it faster there); the quantized kernels' own speed is in "
             "the forced lines above")
+    for name in sorted({c.get("backend") for c in cases} - {None, "sdpa"}):
+        if name.startswith("triton-"):
+            n = sum(1 for c in cases if c.get("backend") == name)
+            add(f"- in {n} of {len(cases)} cases `sageattn` ran the Triton kernel `{name}` (the "
+                "GPU's calibration table measured it fastest there)")
     add("")
     add(MICROBENCHMARK_CAVEAT)
     if ptx:

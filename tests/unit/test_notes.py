@@ -151,6 +151,16 @@ def test_cases_where_sageattn_ran_sdpa_are_said_so():
             "measured it faster there)") in text
 
 
+def test_cases_where_sageattn_ran_a_triton_kernel_are_said_so():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    assert "ran the Triton kernel" not in note_for(STEM90)
+    for case in doc["performance"]["cases"][:2]:
+        case["backend"] = "triton-fp16"
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert ("in 2 of 20 cases `sageattn` ran the Triton kernel `triton-fp16` (the GPU's "
+            "calibration table measured it fastest there)") in text
+
+
 def test_chart_is_valid_svg_with_one_bar_per_case(written):
     svg = (written / f"{STEM90}.speedup.svg").read_text()
     dom = xml.dom.minidom.parseString(svg)

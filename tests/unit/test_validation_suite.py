@@ -208,14 +208,14 @@ def test_default_dispatch_to_a_fallback_fails_public_api_and_regression():
 class CalibratedLib(FakeLib):
     """Default dispatch runs SDPA because a calibration table says so; static order runs native."""
 
-    def __init__(self, calibrated=True, static_default="cuda-sm89-fp8"):
-        super().__init__(default="sdpa")
+    def __init__(self, calibrated=True, static_default="cuda-sm89-fp8", calibrated_default="sdpa"):
+        super().__init__(default=calibrated_default)
         self.calibrated = calibrated
         self.static_default = static_default
 
     def select_backend(self, *args, **kwargs):
-        return type("Choice", (), {"name": "sdpa", "calibrated": self.calibrated,
-                                   "reason": "SDPA is faster for this shape (calibration sm90)"})()
+        return type("Choice", (), {"name": self.default, "calibrated": self.calibrated,
+                                   "reason": f"{self.default} is fastest for this shape (calibration sm90)"})()
 
     def static(self):
         lib = self
@@ -244,6 +244,21 @@ def test_default_dispatch_may_run_sdpa_by_calibration_then_the_static_order_must
         assert rec["status"] == "pass", rec
         assert "cuda-sm89-fp8" in rec["backends"] and "sdpa" in rec["backends"]
         assert any("by calibration" in n for n in rec.get("notes", [])), rec
+
+
+def test_a_calibrated_triton_choice_is_held_to_its_bar_then_the_static_order_must_be_native():
+    doc = run_calibrated(CalibratedLib(calibrated_default="triton-fp16"))
+    for rec in doc["checks"]:
+        assert rec["status"] == "pass", rec
+        assert {"triton-fp16", "cuda-sm89-fp8"} <= set(rec["backends"]), rec
+        assert any("ran triton-fp16 by calibration" in n for n in rec.get("notes", [])), rec
+
+
+def test_a_triton_choice_without_calibration_fails():
+    doc = run_calibrated(CalibratedLib(calibrated=False, calibrated_default="triton-fp16"))
+    for rec in doc["checks"]:
+        assert rec["status"] == "fail", rec
+        assert "expected one of this build's native backends" in rec["reason"]
 
 
 def test_sdpa_without_a_calibrated_choice_or_a_non_native_static_order_fails():
