@@ -7,7 +7,10 @@
 #
 # Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
 # (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
-# calibrate (python -m sageattention.calibrate), validate (scripts.factory.validate on the wheel).
+# calibrate (python -m sageattention.calibrate), table (ship what calibrate measured: rebuild the
+# table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
+# (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; run it last:
+# it leaves that wheel installed).
 # Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
 OUT=${OUT:-$PWD/runner_out}
@@ -20,7 +23,8 @@ summary=()
 t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
   local var="LIMIT_${name^^}"; limit=${!var:-$limit}   # e.g. LIMIT_TESTS=150
   timeout "$limit" "$@" >"$S/$name.log" 2>&1; local rc=$?
-  summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"; }
+  summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"
+  return $rc; }
 
 # The device copy of the tree has no .git: pass the commit (SOURCE_COMMIT=$(git rev-parse HEAD),
 # expanded where the command is written) so the wheels' build info names it.
@@ -46,7 +50,30 @@ for step in $STEPS; do
            t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
     calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" \
                  --benchmark-json "$S/calibration-benchmark.json" ;;
-    validate) t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" --wheel "$WHEEL" ;;
+    table) # the table calibrate just measured, rebuilt from its raw JSON at the path it will be
+           # committed under (so the shipped file is byte-identical), then the wheel rebuilt with it
+           src=benchmarks/results/${TABLE_SOURCE:-h200-$(date +%F)-calibration.json}
+           cd "$REPO"
+           cp "$S/calibration-benchmark.json" "$src" &&
+             t table 60 python3 -m sageattention.calibrate --from-benchmark "$src" \
+               --out sageattention/calibration/sm90.json &&
+             cp sageattention/calibration/sm90.json "$S/" && rm -rf "$S/wheel" &&
+             t rebuild 200 python3 -m scripts.factory build --cell "$CELL" --no-repair --out "$S/wheel" &&
+             WHEEL=$(ls "$S"/wheel/*.whl | head -n 1) &&
+             t reinstall 60 python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL"
+           cd /tmp ;;
+    validate) cd "$REPO"   # scripts.factory lives in the tree; the suite itself runs the installed wheel
+              t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
+                --wheel "$WHEEL"
+              cd /tmp ;;
+    sm75) # the Turing wheel, validated here through its compute_75 PTX (the Turing code path, not
+          # Turing hardware)
+          cd "$REPO"
+          t build75 200 python3 -m scripts.factory build --cell "${CELL%-sm90}-sm75" --no-repair \
+              --out "$S/wheel75" &&
+            t validate75 300 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
+              --wheel "$(ls "$S"/wheel75/*.whl | head -n 1)"
+          cd /tmp ;;
     *) summary+=("$step: unknown step") ;;
   esac
 done
