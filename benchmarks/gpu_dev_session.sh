@@ -11,7 +11,8 @@
 # table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; run it last:
 # it leaves that wheel installed).
-# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
+# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
+# steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
 OUT=${OUT:-$PWD/runner_out}
 S=$OUT/s
@@ -22,6 +23,9 @@ STEPS=${STEPS:-tests hopper triton bench}
 summary=()
 t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
   local var="LIMIT_${name^^}"; limit=${!var:-$limit}   # e.g. LIMIT_TESTS=150
+  local left=$(( ${DEADLINE:-560} - SECONDS ))   # the whole call must end in time to pack $S
+  if [ "$left" -lt "$limit" ]; then limit=$left; fi
+  if [ "$limit" -le 5 ]; then summary+=("$name: skipped, past DEADLINE"); return 124; fi
   timeout "$limit" "$@" >"$S/$name.log" 2>&1; local rc=$?
   summary+=("$name: exit $rc in $((SECONDS - start)) s (limit $limit s)"); tail -n 25 "$S/$name.log"
   return $rc; }
