@@ -131,8 +131,11 @@ def backend(name: str) -> Backend:
 
 # Preference per GPU generation, best first. Rules are checked top to bottom; the first whose
 # capability range holds the device applies. The sm75 family reaches newer GPUs only as PTX, so it
-# comes after every backend compiled for them. triton-fp8 comes last: it has not been measured on
-# a GPU yet, so it runs when forced, or where a calibration table measured it fastest.
+# comes after every backend compiled for them. triton-fp8 comes last: on the H200 it measured slower
+# than triton-fp16 at d=128 and only level at d=64 (benchmarks/results/h200-2026-12-03-bench-e3ad302.md),
+# with FP8 accuracy, so it runs when forced, or where a calibration table measured it fastest.
+# triton-fp16 measured 1.6-1.8x faster than cuda-sm80-fp16 there, but the static order (return_lse,
+# calibration off) keeps the native family first: it is what the wheel exists to carry and validate.
 # sm90: cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases
 # and more accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs
 # 0.9992); this order applies where the calibration table does not (return_lse, masks off-table).
