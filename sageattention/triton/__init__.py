@@ -32,6 +32,7 @@ MAX_GRID_YZ = 65535  # CUDA's limit on grid dims y and z, which carry heads and 
 
 
 def _interpreting() -> bool:
+    # quant.interpreting's twin: this module must import without Triton (is_available says why).
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 

@@ -16,16 +16,12 @@ import triton
 import triton.language as tl
 
 from . import quant
+from .quant import _exact_float
 from .mask import MASK_NONE, MASK_BOOL, MASK_ADD, prepare_mask
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-# int32 -> fp32 without the hardware conversion (a fraction of the FP32 rate, a cost like exp2's
-# per score): for |i| < 2**22 the bits of 1.5 * 2**23 plus i are the float 1.5 * 2**23 + i exactly,
-# so one integer add and one exact float subtract give float(i); |q . k| <= 127 * 127 * 256 < 2**22.
-_I2F_BITS = tl.constexpr(0x4B400000)
-_I2F_MAGIC = tl.constexpr(12582912.0)
 
 
 @dataclass(frozen=True)
@@ -53,8 +49,7 @@ class KernelConfig:
 def tma_available(device: torch.device) -> bool:
     """Whether tiles can come through tensor descriptors: a GPU of compute capability 9.0+ and a
     Triton with host-side descriptors (3.4+); never under the interpreter."""
-    import os
-    if (device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if (device.type != "cuda" or quant.interpreting()
             or torch.cuda.get_device_capability(device) < (9, 0)):
         return False
     try:
@@ -109,7 +104,7 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
         k = tl.load(k_ptrs, mask=col_ok[None, :], other=0)
     else:
         k = tl.load(k_ptrs)
-    qk = (tl.dot(q, k) + _I2F_BITS).to(tl.float32, bitcast=True) - _I2F_MAGIC  # exact float(q.k)
+    qk = _exact_float(tl.dot(q, k))
     if BLOCK_N <= KBLK:
         # The tile lies inside one K scale block: one scalar (a per-column vector costs registers).
         scale = tl.load(KS_base + start_n // KBLK) * q_scale

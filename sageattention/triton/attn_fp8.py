@@ -21,22 +21,13 @@ import triton
 import triton.language as tl
 
 from . import quant
+from .quant import _exact_float, _round_half_even
 from .attn import _key_bounds, tma_available
 
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
 V_SCALE_FLOOR = 1e-8
 MIN_CAPABILITY = (8, 9)
-_RNE_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (x + M) - M rounds to an integer, ties to even
-# int32 -> fp32 without the hardware conversion (a fraction of the FP32 rate, a cost like exp2's
-# per score): for |i| < 2**22 the bits of 1.5 * 2**23 plus i are the float 1.5 * 2**23 + i exactly, so
-# one integer add and one exact float subtract give float(i). |q . k| <= 127 * 127 * 128 < 2**21.
-_I2F_BITS = tl.constexpr(0x4B400000)
 LOG2_P_SCALE = tl.constexpr(math.log2(FP8_MAX))  # P comes out of exp2 already scaled by 448
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -47,7 +38,7 @@ def _to_e4m3(x, PREROUND: tl.constexpr):
     if PREROUND:
         e = tl.maximum(tl.floor(tl.log2(tl.maximum(tl.abs(x), 1e-30))), -6.0)
         step = tl.exp2(e - 3.0)
-        x = ((x / step + _RNE_MAGIC) - _RNE_MAGIC) * step
+        x = _round_half_even(x / step) * step
     return x.to(tl.float8e4nv)
 
 
@@ -125,7 +116,7 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
     blk = 128
     _quant_v_fp8_kernel[(triton.cdiv(n_pad, blk), h, b)](
         v, scale, vt, v.stride(0), v.stride(1), v.stride(2), h, n, n_pad,
-        HEAD_DIM=d, D=dp, BLK=blk, PREROUND=_interpreting(), num_warps=8)
+        HEAD_DIM=d, D=dp, BLK=blk, PREROUND=quant.interpreting(), num_warps=8)
     return vt, scale
 
 
@@ -140,7 +131,7 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
         k = tl.trans(K_DESC.load([kv_row0 + start_n, 0]))
     else:
         k = tl.load(K_base + start64 * stride_kn + offs_n[None, :] * stride_kn + offs_d[:, None])
-    qk = (tl.dot(q, k) + _I2F_BITS).to(tl.float32, bitcast=True) - _RNE_MAGIC  # exact float(q.k)
+    qk = _exact_float(tl.dot(q, k))
     # One positive scalar per tile (Q and K blocks): the row max commutes with it, and each score
     # costs one FMA; the 448 of P's FP8 scaling rides in the exponent.
     scale = tl.load(KS_base + start_n // BLOCK_N) * q_scale
@@ -257,7 +248,7 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
         vt.shape[3],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=_interpreting(), TWO_LEVEL=cfg.two_level,
+        IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=quant.interpreting(), TWO_LEVEL=cfg.two_level,
         USE_TMA=cfg.use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -29,9 +29,28 @@ LOG2E = math.log2(math.e)
 _RNE_MAGIC = tl.constexpr(12582912.0)
 
 
+# int32 -> fp32 without the hardware conversion (a fraction of the FP32 rate, a cost like exp2's
+# per score): for |i| < 2**22 the bits of 1.5 * 2**23 plus i are the float 1.5 * 2**23 + i exactly,
+# so one integer add and one exact float subtract give float(i). The attention kernels' scores stay
+# inside that: |q . k| <= 127 * 127 * 256 < 2**22 for every head dim they take.
+_I2F_BITS = tl.constexpr(0x4B400000)
+
+
+def interpreting() -> bool:
+    """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1, the CPU tests)."""
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 @triton.jit
 def _round_half_even(x):
     return (x + _RNE_MAGIC) - _RNE_MAGIC
+
+
+@triton.jit
+def _exact_float(i):
+    """float(i) for an int32 |i| < 2**22, bit-exact (see _I2F_BITS)."""
+    return (i + _I2F_BITS).to(tl.float32, bitcast=True) - _RNE_MAGIC
 
 
 @triton.jit(do_not_specialize=["heads", "n_tokens", "out_rows", "n_scale_blocks", "corr_group"])
