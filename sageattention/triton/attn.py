@@ -35,9 +35,6 @@ class KernelConfig:
     # True: K and V tiles come through host-made 4-D tensor descriptors (Hopper's bulk tensor copy
     # engine; out-of-range rows read as zeros). Unmasked dense calls only; see run_attention.
     use_tma: bool = False
-    # True: ask Triton to warp-specialize the unmasked K loop (loads, tensor-core work and softmax
-    # in separate warp groups). A knob for the GPU sweep; where Triton cannot, compiling fails.
-    warp_specialize: bool = False
 
     def __post_init__(self):
         if quant.BLKQ % self.block_m or self.block_m < 16:
@@ -177,24 +174,17 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
                offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, bi, kvhi,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-               USE_TMA: tl.constexpr, WARP_SPEC: tl.constexpr = False):
+               USE_TMA: tl.constexpr):
     """Unmasked (or causal) attention of one Q tile: full K blocks first, then the edge blocks."""
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
-    if WARP_SPEC:  # a separate loop: the default keeps the plain range() it was measured with
-        for start_n in tl.range(0, mid, BLOCK_N, warp_specialize=True):
-            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                       stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                       0, 0, 0, K_DESC, V_DESC, bi, kvhi,
-                                       HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0, USE_TMA)
-    else:
-        for start_n in range(0, mid, BLOCK_N):
-            acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                       stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                       0, 0, 0, K_DESC, V_DESC, bi, kvhi,
-                                       HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0, USE_TMA)
+    for start_n in range(0, mid, BLOCK_N):
+        acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
+                                   stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
+                                   0, 0, 0, K_DESC, V_DESC, bi, kvhi,
+                                   HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
                                    stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
@@ -216,7 +206,6 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr, KBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr, RETURN_LSE: tl.constexpr, USE_TMA: tl.constexpr,
-    WARP_SPEC: tl.constexpr,
 ):
     # Causal tiles near the end do the most work: launch them first.
     if IS_CAUSAL:
@@ -260,7 +249,7 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, n_keys,
                                    offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, b.to(tl.int32),
                                    kvh.to(tl.int32), HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL,
-                                   USE_TMA, WARP_SPEC)
+                                   USE_TMA)
         inv_l = 1.0 / l_i
 
     out = acc * inv_l[:, None]
@@ -331,7 +320,6 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, KBLK=quant.BLKK,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
         MASK_KIND=mask_kind, RETURN_LSE=return_lse, USE_TMA=use_tma,
-        WARP_SPEC=cfg.warp_specialize and mask_kind == MASK_NONE,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

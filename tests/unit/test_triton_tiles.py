@@ -18,7 +18,6 @@ from sageattention.triton import attn, attn_fp8  # noqa: E402
 def test_unmasked_dense_calls_take_tma_tiles_where_tma_exists(dp):
     cfg = attn.pick_config(dp, is_causal=False, has_mask=False, use_tma=True)
     assert cfg == attn.KernelConfig(128, 64, 4, 3, use_tma=True)
-    assert not cfg.warp_specialize
 
 
 @pytest.mark.parametrize("has_mask, varlen, dp", [(True, False, 128), (False, True, 128),
