@@ -95,6 +95,7 @@ CASES = [  # (batch, heads, tokens, head_dim): design.md's benchmark case set
 KERNELS = {  # label -> (family, op, pv_accum_dtype)
     "sm80-fp32": ("sm80", "qk_int8_pv_fp16", "fp32"),
     "sm80-fp16+fp32": ("sm80", "qk_int8_pv_fp16", "fp16+fp32"),
+    "sm80-fp16": ("sm80", "qk_int8_pv_fp16", "fp16"),
     "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
 }
 
@@ -138,15 +139,15 @@ def accuracy(labels) -> list[dict]:
     return rows
 
 
-def timing(labels, dtypes) -> list[dict]:
+def timing(labels, dtypes, cases=CASES, causals=(False, True)) -> list[dict]:
     import torch
     import torch.nn.functional as F
     from triton.testing import do_bench
 
     rows = []
     for dtype in dtypes:
-        for b, h, n, d in CASES:
-            for causal in (False, True):
+        for b, h, n, d in cases:
+            for causal in causals:
                 g = torch.Generator(device="cuda").manual_seed(0)
                 q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=dtype)
                            for _ in range(3))
@@ -197,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--dtypes", default="float16,bfloat16", help="timing dtypes")
+    parser.add_argument("--cases", default="", metavar="BxHxNxD,...",
+                        help="timing cases (default: design.md's five shapes)")
+    parser.add_argument("--causal", choices=["both", "no", "yes"], default="both")
+    parser.add_argument("--labels", default="",
+                        help="kernels to check and time, comma-separated (default: every label of "
+                             "the built families: " + ", ".join(KERNELS) + ")")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DEFINES",
                         help="also build the sm80 family with these -D defines (tile shapes, see "
                              "csrc/common/attn_dispatch.cuh), check it against the reference and "
@@ -233,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         print("pytest:", tail[-1] if tail else "(no output)")
         results["pytest_rc"] = proc.returncode
     labels = [lab for lab, spec in KERNELS.items() if spec[0] in fams]
+    if args.labels:
+        labels = [lab for lab in args.labels.split(",") if lab in labels]
+    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",") if c] or CASES
+    causals = {"both": (False, True), "no": (False,), "yes": (True,)}[args.causal]
     import torch
 
     if labels and not torch.cuda.is_available():
@@ -245,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "native_dev.json").write_text(json.dumps(results, indent=1))
         if not args.skip_timing:
             results["device"] = torch.cuda.get_device_name()
-            results["timing"] = timing(labels, [getattr(torch, x) for x in args.dtypes.split(",")])
+            results["timing"] = timing(labels, [getattr(torch, x) for x in args.dtypes.split(",")],
+                                       cases, causals)
             (out / "native_dev.json").write_text(json.dumps(results, indent=1))
             _print_timing(results["timing"], labels)
     for name, defines in variants.items():
@@ -254,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         vout = out / f"variant_{name}"
         env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
         proc = subprocess.run([sys.executable, __file__, "--family", "sm80", "--skip-build",
-                               "--skip-tests", "--dtypes", "float16", "--out", str(vout)],
+                               "--skip-tests", "--dtypes", "float16", "--out", str(vout),
+                               "--cases", args.cases, "--causal", args.causal, "--labels", args.labels],
                               env=env, capture_output=True, text=True)
         print(f"== variant {name}: {defines}")
         print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line

@@ -1,0 +1,78 @@
+"""Where the time of one native attention call goes, on the GPU runner (kernel developers' tool).
+
+    python benchmarks/gpu_dev_profile.py breakdown --case 4x32x4096x128 --label sm80-fp32
+        CUDA time per kernel of one call (torch.profiler over repeated calls): the attention
+        kernel against the quantization and K-mean kernels around it.
+    ncu --clock-control none -k regex:attn_kernel -c 1 --section WarpStateStats ... \\
+        python benchmarks/gpu_dev_profile.py drive --case 4x32x4096x128 --label sm80-fp32
+        runs the call a few times, for a profiler attached from outside.
+
+Labels and the build come from benchmarks/gpu_dev_native.py (build there first).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_dev_native as dev  # noqa: E402  (puts the package root on sys.path)
+
+
+def _call(case: str, label: str, causal: bool, dtype: str):
+    import torch
+
+    b, h, n, d = (int(x) for x in case.split("x"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, device="cuda", dtype=getattr(torch, dtype))
+               for _ in range(3))
+    return dev._kernel_fn(label, q, k, v, causal)
+
+
+def breakdown(case: str, label: str, causal: bool, dtype: str, calls: int = 20) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn = _call(case, label, causal, dtype)
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = collections.defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[ev.name[:90]] += ev.device_time / calls
+    total = sum(per_kernel.values())
+    print(f"{case} {label} causal={causal} {dtype}: {total:.1f} us of GPU time per call")
+    for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
+        print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["breakdown", "drive"])
+    parser.add_argument("--case", action="append", required=True, metavar="BxHxNxD")
+    parser.add_argument("--label", default="sm80-fp32", choices=sorted(dev.KERNELS))
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    parser.add_argument("--calls", type=int, default=3, help="drive: calls per case")
+    args = parser.parse_args(argv)
+    for case in args.case:
+        if args.mode == "breakdown":
+            breakdown(case, args.label, args.causal, args.dtype)
+        else:
+            import torch
+
+            fn = _call(case, args.label, args.causal, args.dtype)
+            for _ in range(args.calls):
+                fn()
+            torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One native-kernel tuning call on the GPU runner: build the sm80 family from csrc/ (and each tile
+# variant, in parallel), check and time them on the chosen cases, then show where the default
+# build's time goes (torch.profiler per kernel, ncu stall reasons). Logs under $OUT.
+#
+#   VARIANTS=$'mt1=-DSAGE_HD64_MT=1 -DSAGE_HD64_WARPS=8\nqreg=-DSAGE_HD64_QREG=1' \
+#   CASES=4x32x4096x128,4x32x4096x64 LABELS=sm80-fp32 NCU=1 bash benchmarks/gpu_dev_tune.sh
+#
+# Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh), CASES,
+# CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), PROFILE_CASES, NCU (1: run
+# ncu on PROFILE_CASES), NCU_LABEL.
+set -uo pipefail
+OUT=${OUT:-$PWD/tune_out}
+mkdir -p "$OUT"
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+CASES=${CASES:-4x32x4096x128,1x32x16384x128,4x32x4096x64,1x32x16384x64,8x32x1024x128}
+PROFILE_CASES=${PROFILE_CASES:-4x32x4096x128 4x32x4096x64}
+variant_args=()
+while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant "$v"); done <<<"${VARIANTS:-}"
+
+nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
+timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py --family sm80 --skip-tests \
+  --dtypes float16 --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
+  --build-root /tmp/native_build --out "$OUT/native" "${variant_args[@]}" >"$OUT/native.log" 2>&1
+echo "native: exit $?"
+cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null
+pcases=(); for c in $PROFILE_CASES; do pcases+=(--case "$c"); done
+timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \
+  --label "${NCU_LABEL:-sm80-fp32}" >"$OUT/breakdown.log" 2>&1
+if [ "${NCU:-0}" = 1 ]; then
+  for c in $PROFILE_CASES; do
+    timeout 150 ncu --clock-control none -k regex:attn_kernel -c 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis \
+      python3 benchmarks/gpu_dev_profile.py drive --case "$c" --calls 1 \
+      --label "${NCU_LABEL:-sm80-fp32}" >"$OUT/ncu_$c.txt" 2>&1
+    echo "ncu $c: exit $?"
+  done
+fi
+cat "$OUT/breakdown.log"
+grep -E "TOPS|geomean|== variant|failed|Error" "$OUT/native.log" | tail -n 60
