@@ -59,7 +59,7 @@ def measure(iters: int = 4096, warps_per_block: int = 8, blocks_per_sm: int = 4)
     sms = dev.attributes["MultiProcessorCount"]
     cap = dev.compute_capability
     rows = []
-    for name, (ptx, na, nb, nc, ctype) in SHAPES.items():
+    for name, (ptx, na, nb, nc, ctype, _) in SHAPES.items():
         if "e4m3" in name and int(cap) < 89:
             continue
         kernel = cp.RawKernel(_source(ptx, na, nb, nc, ctype), "peak",

@@ -21,7 +21,7 @@ while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant "$v"); done <<<
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
 # the mma.sync ceiling every native family lives under on this GPU
 timeout 120 python3 benchmarks/gpu_dev_mma_peak.py --json "$OUT/mma_peak.json" >"$OUT/mma_peak.log" 2>&1
-timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py --family sm80 --skip-tests \
+[ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py --family sm80 --skip-tests \
   --dtypes float16 --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
   --build-root /tmp/native_build --out "$OUT/native" "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
@@ -40,5 +40,7 @@ if [ "${NCU:-0}" = 1 ]; then
     echo "ncu $c: exit $?"
   done
 fi
-cat "$OUT/mma_peak.log" "$OUT/breakdown.log"
-grep -E "TOPS|geomean|== variant|failed|Error" "$OUT/native.log" | tail -n 60
+# the transfer back takes few files: pack everything
+tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
+tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
+tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error" | tail -n 60
