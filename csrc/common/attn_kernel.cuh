@@ -30,9 +30,6 @@
 #ifndef SAGE_SKIP_RESCALE
 #define SAGE_SKIP_RESCALE 1
 #endif
-#ifndef SAGE_SOFTMAX_ROWWISE
-#define SAGE_SOFTMAX_ROWWISE 0
-#endif
 #ifndef SAGE_FAST_I2F
 #define SAGE_FAST_I2F 1
 #endif
@@ -304,7 +301,6 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           s[mt][j][e] = v;
         }
     }
-#if SAGE_SOFTMAX_ROWWISE  // the earlier per-row form, kept for one A/B run
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       #pragma unroll
@@ -353,76 +349,6 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           }
         }
       }
-#else
-    // Row maxima of every (m tile, row half) first, then their exps, then one warp-wide vote on
-    // the O rescale: straight-line code the compiler can interleave (no branch per row).
-    float alpha[MT][2];
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-        #pragma unroll
-        for (int sub = 0; sub < KSUB; ++sub) {
-          float mraw = -INFINITY;
-          #pragma unroll
-          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-            mraw = fmaxf(mraw, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
-          // scaled per thread first: per_thread scales differ across the quad (and sub-blocks)
-          mx = sub == 0 ? mraw * dqs[mt][sub] : fmaxf(mx, mraw * dqs[mt][sub]);
-        }
-        alpha[mt][r] = mx;
-      }
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      #pragma unroll
-      for (int r = 0; r < 2; ++r) alpha[mt][r] = fmaxf(alpha[mt][r], __shfl_xor_sync(0xffffffffu, alpha[mt][r], 1));
-    bool all_settled = true;
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mx = fmaxf(alpha[mt][r], __shfl_xor_sync(0xffffffffu, alpha[mt][r], 2));
-        const float m_new = fmaxf(m_run[mt][r], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
-        alpha[mt][r] = fast_exp2(m_run[mt][r] - m_use);
-        all_settled = all_settled && alpha[mt][r] == 1.f;
-        m_run[mt][r] = m_new;
-        float rowsum = 0.f;
-        #pragma unroll
-        for (int j = 0; j < kNT; ++j)
-          #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], -m_use));
-            s[mt][j][2 * r + e] = pv;
-            rowsum += pv;
-          }
-        l_run[mt][r] = l_run[mt][r] * alpha[mt][r] + rowsum;
-      }
-    // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
-    if (!SAGE_SKIP_RESCALE || !__all_sync(0xffffffffu, all_settled)) {
-      #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if constexpr (!kAllF16) {
-            #pragma unroll
-            for (int j = 0; j < kDT; ++j) {
-              o32[mt][j][2 * r] *= alpha[mt][r];
-              o32[mt][j][2 * r + 1] *= alpha[mt][r];
-            }
-          } else {
-            const __half2 a2 = __float2half2_rn(alpha[mt][r]);
-            #pragma unroll
-            for (int j = 0; j < kDT; ++j) {
-              __half2 v = *reinterpret_cast<__half2*>(&o16[mt][j][r]);
-              v = __hmul2(v, a2);
-              o16[mt][j][r] = *reinterpret_cast<uint32_t*>(&v);
-            }
-          }
-        }
-    }
-#endif
 
     // ---- O += P V ----
     if constexpr (PV == PvKind::kFp16) {
