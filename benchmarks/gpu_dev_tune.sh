@@ -7,8 +7,9 @@
 #   CASES=4x32x4096x128,4x32x4096x64 LABELS=sm80-fp32 NCU=1 bash benchmarks/gpu_dev_tune.sh
 #
 # Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh), CASES,
-# CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), PROFILE_CASES, NCU (1: run
-# ncu on PROFILE_CASES), NCU_LABEL.
+# CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), FAMILIES (default sm80),
+# TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), PROFILE_CASES, NCU (1: run ncu on
+# PROFILE_CASES), NCU_LABEL.
 set -uo pipefail
 OUT=${OUT:-$PWD/tune_out}
 mkdir -p "$OUT"
@@ -21,7 +22,9 @@ while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant "$v"); done <<<
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
 # the mma.sync ceiling every native family lives under on this GPU
 timeout 120 python3 benchmarks/gpu_dev_mma_peak.py --json "$OUT/mma_peak.json" >"$OUT/mma_peak.log" 2>&1
-[ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py --family sm80 --skip-tests \
+fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
+test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
+[ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
   --dtypes float16 --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
   --build-root /tmp/native_build --out "$OUT/native" "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
@@ -43,4 +46,4 @@ fi
 # the transfer back takes few files: pack everything
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
 tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
-tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error" | tail -n 60
+tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|cos_sdpa32" | tail -n 70

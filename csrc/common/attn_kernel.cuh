@@ -13,6 +13,7 @@
 // (perm16 in quant_kernels.cuh), so the sum over k is unchanged.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -71,15 +72,31 @@ __device__ __forceinline__ uint32_t pack_out2<__nv_bfloat16>(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// S (int32) -> float without I2F, a quarter-rate instruction on sm_80..sm_90: |S| <= 127*127*D
-// < 2^22, so 0x4B400000 + S is the bit pattern of the float 1.5*2^23 + S, exactly.
-__device__ __forceinline__ float s32_to_f32(int32_t x) {
-#if SAGE_FAST_I2F
-  return __int_as_float(x + 0x4B400000) - 12582912.f;
-#else
-  return static_cast<float>(x);
-#endif
+// Calls f(c) for this thread's chunks c = tid, tid + THREADS, ... < CHUNKS with a trip count known
+// at compile time (a `c < CHUNKS; c += THREADS` loop compiled to a generic loop with remainder
+// handling: hundreds of integer instructions per K block in the SASS).
+template <int CHUNKS, int THREADS, typename F>
+__device__ __forceinline__ void for_each_chunk(const int tid, F&& f) {
+  #pragma unroll
+  for (int i = 0; i < (CHUNKS + THREADS - 1) / THREADS; ++i) {
+    const int c = tid + i * THREADS;
+    if (CHUNKS % THREADS == 0 || c < CHUNKS) f(c);
+  }
 }
+
+// S (int32) -> float without I2F (a quarter-rate instruction on sm_80..sm_90) and without any
+// instruction at all: the QK accumulators start at kScoreBias instead of 0. |S| <= 127*127*D < 2^22,
+// so the int32 0x4B400000 + S is the bit pattern of the float 1.5*2^23 + S, exactly; the
+// softmax takes kScoreBiasF off the row maximum once and folds it into the exp2 FMA's constant.
+#if SAGE_FAST_I2F
+constexpr int32_t kScoreBias = 0x4B400000;
+constexpr float kScoreBiasF = 12582912.f;
+__device__ __forceinline__ float score_to_f32(int32_t x) { return __int_as_float(x); }
+#else
+constexpr int32_t kScoreBias = 0;
+constexpr float kScoreBiasF = 0.f;
+__device__ __forceinline__ float score_to_f32(int32_t x) { return static_cast<float>(x); }
+#endif
 
 // QREG: keep the warp's Q fragments in registers for the whole K loop (else reload them from
 // shared memory every K block, trading shared-memory bandwidth for registers).
@@ -120,52 +137,60 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
 
   // ---- async loads ----
+  // Each thread copies 16-byte chunks of one column of chunks, every ROWS_PER_PASS-th row: the
+  // addresses are per-thread bases plus compile-time offsets (no per-chunk index arithmetic).
+  constexpr int kKRowChunks = HEAD_DIM / 16;  // int8 K rows
+  constexpr int kKRowsPerPass = kThreads / kKRowChunks;
+  static_assert(kThreads % kKRowChunks == 0 && kIterK % kKRowsPerPass == 0, "K copy tiling");
+  const int k_row = tid / kKRowChunks, k_col = (tid % kKRowChunks) * 16;
   auto load_k = [&](int kb, int buf) {
-    uint8_t* dst = sK + buf * Tr::kKBytes;
-    const int8_t* src = gK + static_cast<int64_t>(kb) * kIterK * HEAD_DIM;
-    constexpr int kChunks = kIterK * HEAD_DIM / 16;
+    uint8_t* dst = sK + buf * Tr::kKBytes + k_row * Tr::kQKStride + k_col;
+    const int8_t* src = gK + (static_cast<int64_t>(kb) * kIterK + k_row) * HEAD_DIM + k_col;
     #pragma unroll
-    for (int c = tid; c < kChunks; c += kThreads) {
-      const int r = c / (HEAD_DIM / 16), col = (c % (HEAD_DIM / 16)) * 16;
+    for (int i = 0; i < kIterK / kKRowsPerPass; ++i) {
       // K is padded to 64 tokens only: with KSUB > 1 the last iteration may pass its end.
-      const bool ok = KSUB == 1 || kb * kIterK + r < p.k_pad;
-      cp_async_16(dst + r * Tr::kQKStride + col, ok ? src + r * HEAD_DIM + col : gK, ok);
+      const bool ok = KSUB == 1 || kb * kIterK + k_row + i * kKRowsPerPass < p.k_pad;
+      cp_async_16(dst + i * kKRowsPerPass * Tr::kQKStride,
+                  ok ? src + i * kKRowsPerPass * HEAD_DIM : gK, ok);
     }
   };
+  // FP16 V: rows of HEAD_DIM halves from the caller's strides; FP8 V^T: HEAD_DIM rows of the
+  // padded token axis.
+  constexpr int kVRowChunks = PV == PvKind::kFp16 ? HEAD_DIM / 8 : kIterK / 16;
+  constexpr int kVRowsPerPass = kThreads / kVRowChunks;
+  static_assert(kThreads % kVRowChunks == 0 && Tr::kVRows % kVRowsPerPass == 0, "V copy tiling");
+  const int v_row = tid / kVRowChunks, v_col = (tid % kVRowChunks) * 16;  // v_col in bytes
   auto load_v = [&](int kb, int buf) {
-    uint8_t* dst = sV + buf * Tr::kVBytes;
+    uint8_t* dst = sV + buf * Tr::kVBytes + v_row * Tr::kVStride + v_col;
     if constexpr (PV == PvKind::kFp16) {
       const __half* base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
-      constexpr int kChunks = kIterK * HEAD_DIM / 8;
+      const int tok0 = kb * kIterK + v_row;
+      const __half* src = base + tok0 * p.v_sn + v_col / 2;
+      const int64_t step = kVRowsPerPass * p.v_sn;
       #pragma unroll
-      for (int c = tid; c < kChunks; c += kThreads) {
-        const int r = c / (HEAD_DIM / 8), col = (c % (HEAD_DIM / 8)) * 8;
-        const int tok = kb * kIterK + r;
-        const bool ok = tok < p.kv_len;  // zero-fill past the end: P is 0 there, V must not be NaN
-        const __half* src = ok ? base + tok * p.v_sn + col : base;
-        cp_async_16(dst + r * Tr::kVStride + col * 2, src, ok);
+      for (int i = 0; i < kIterK / kVRowsPerPass; ++i) {
+        // zero-fill past the end: P is 0 there, V must not be NaN
+        const bool ok = tok0 + i * kVRowsPerPass < p.kv_len;
+        cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride, ok ? src + i * step : base, ok);
       }
     } else {
-      const uint8_t* base = reinterpret_cast<const uint8_t*>(p.v) + bhkv * HEAD_DIM * p.k_pad +
-                            static_cast<int64_t>(kb) * kIterK;
-      constexpr int kChunks = HEAD_DIM * kIterK / 16;
+      const int col = kb * kIterK + v_col;  // token
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.v) +
+                           (bhkv * HEAD_DIM + v_row) * p.k_pad + col;
+      const bool ok = KSUB == 1 || col < p.k_pad;
       #pragma unroll
-      for (int c = tid; c < kChunks; c += kThreads) {
-        const int r = c / (kIterK / 16), col = (c % (kIterK / 16)) * 16;
-        const bool ok = KSUB == 1 || kb * kIterK + col < p.k_pad;
-        cp_async_16(dst + r * Tr::kVStride + col,
-                    ok ? base + static_cast<int64_t>(r) * p.k_pad + col : p.v, ok);
-      }
+      for (int i = 0; i < HEAD_DIM / kVRowsPerPass; ++i)
+        cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride,
+                    ok ? src + static_cast<int64_t>(i) * kVRowsPerPass * p.k_pad : p.v, ok);
     }
   };
 
   {
     constexpr int kChunks = kCtaQ * HEAD_DIM / 16;
-    #pragma unroll
-    for (int c = tid; c < kChunks; c += kThreads) {
+    for_each_chunk<kChunks, kThreads>(tid, [&](const int c) {
       const int r = c / (HEAD_DIM / 16), col = (c % (HEAD_DIM / 16)) * 16;
       cp_async_16(sQ + r * Tr::kQKStride + col, gQ + r * HEAD_DIM + col, true);
-    }
+    });
   }
   load_k(0, 0);
   load_v(0, 0);
@@ -223,7 +248,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       for (int kc = 0; kc < HEAD_DIM / 32; ++kc) load_qf(qf[mt][kc], mt, kc);
   }
 
-  for (int kb = 0; kb < n_kblocks; ++kb) {
+  // One K/V block. MASKED: apply the sequence-end and causal masks. Blocks that need no mask for
+  // any row of the CTA run the copy without mask code (predicated mask selects in the hot loop
+  // were a large share of its instructions, measured with ncu on the H200).
+  auto kv_block = [&](auto masked, const int kb) {
+    constexpr bool kMasked = decltype(masked)::value;
     if (kb > 0) {
       cp_async_wait<0>();
       __syncthreads();
@@ -243,7 +272,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       #pragma unroll
       for (int j = 0; j < kNT; ++j)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) s_i[mt][j][e] = 0;
+        for (int e = 0; e < 4; ++e) s_i[mt][j][e] = kScoreBias;
     #pragma unroll
     for (int kc = 0; kc < HEAD_DIM / 32; ++kc) {
       uint32_t qtmp[QREG ? 1 : MT][4];
@@ -278,8 +307,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
                     : 1.f;  // past the end: fully masked
     }
     const int k0 = kb * kIterK;
-    const bool need_mask =
-        (k0 + kIterK > p.kv_len) || (p.causal && k0 + kIterK - 1 > q0 + warp_row0);
+    const bool need_mask = kMasked && ((k0 + kIterK > p.kv_len) ||
+                                       (p.causal && k0 + kIterK - 1 > q0 + warp_row0));
     // s holds the raw integer scores as floats; the dequantization factor dq > 0 is applied to
     // the row max and inside the exp2 FFMA: p = exp2(s * dq - m).
     float s[MT][kNT][4];
@@ -288,16 +317,19 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     for (int mt = 0; mt < MT; ++mt) {
       #pragma unroll
       for (int sub = 0; sub < KSUB; ++sub) dqs[mt][sub] = qs[mt] * ks[sub];
+      // Keys this thread's two rows may see, relative to its first column: col < limit.
+      int limit[2];
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = q0 + warp_row0 + mt * 16 + g + 8 * r;
+        limit[r] = (p.causal ? min(p.kv_len, row + 1) : p.kv_len) - (k0 + 2 * t);
+      }
       #pragma unroll
       for (int j = 0; j < kNT; ++j)
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float v = s32_to_f32(s_i[mt][j][e]);
-          if (need_mask) {
-            const int col = k0 + j * 8 + 2 * t + (e & 1);
-            const int row = q0 + warp_row0 + mt * 16 + g + 8 * (e >> 1);
-            if (col >= p.kv_len || (p.causal && col > row)) v = -INFINITY;
-          }
+          float v = score_to_f32(s_i[mt][j][e]);
+          if (need_mask && j * 8 + (e & 1) >= limit[e >> 1]) v = -INFINITY;
           s[mt][j][e] = v;
         }
     }
@@ -313,6 +345,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           for (int j = 8 * sub; j < 8 * sub + 8; ++j)
             mraw = fmaxf(mraw, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
           // scaled per thread first: per_thread scales differ across the quad (and sub-blocks)
+          mraw -= kScoreBiasF;  // exact: an integer below 2^24 (or -inf when all masked)
           mx = sub == 0 ? mraw * dqs[mt][sub] : fmaxf(mx, mraw * dqs[mt][sub]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -321,12 +354,18 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
         const float alpha = fast_exp2(m_run[mt][r] - m_use);
         m_run[mt][r] = m_new;
+        // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m)). The constant is rounded
+        // once to fp32: a shift of the exponent by at most ulp(bias * dq) / 2 (bias * dq is about
+        // 6x the largest |score| in log2 units at typical scales: relative error ~1e-5 on P).
+        float neg_c[KSUB];
+        #pragma unroll
+        for (int sub = 0; sub < KSUB; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, dqs[mt][sub], m_use);
         float rowsum = 0.f;
         #pragma unroll
         for (int j = 0; j < kNT; ++j)
           #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], -m_use));
+            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]));
             s[mt][j][2 * r + e] = pv;
             rowsum += pv;
           }
@@ -479,7 +518,12 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           }
         }
     }
-  }
+  };
+  // Leading blocks wholly inside the sequence and (causal) left of the CTA's first query row.
+  int n_plain = min(p.kv_len / kIterK, n_kblocks);
+  if (p.causal) n_plain = min(n_plain, (q0 + 1) / kIterK);
+  for (int kb = 0; kb < n_plain; ++kb) kv_block(std::false_type{}, kb);
+  for (int kb = n_plain; kb < n_kblocks; ++kb) kv_block(std::true_type{}, kb);
 
   // ---- epilogue: O / l, LSE ----
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
