@@ -8,6 +8,7 @@
 // CUDA headers only.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -36,8 +37,26 @@ __device__ __forceinline__ int group_in_block(int token_in_block, int groups_per
 constexpr int kQuantThreads = 128;
 constexpr float kScaleFloor = 1e-8f;
 
-// Grid: (n_blocks, H, B). One CTA quantizes `block_tokens` tokens of one (batch, head).
+// The 8 channels d0..d0+7 of one token, minus the mean (K smoothing), times scale_mult.
 template <typename T>
+__device__ __forceinline__ void chunk_values(const uint4& raw, const float* mean, int d0,
+                                             float scale_mult, float (&v)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+  float m[8] = {};
+  if (mean) {  // 32-byte aligned: [B, H, D] fp32 contiguous with D % 8 == 0
+    const float4 lo = *reinterpret_cast<const float4*>(mean + d0);
+    const float4 hi = *reinterpret_cast<const float4*>(mean + d0 + 4);
+    m[0] = lo.x; m[1] = lo.y; m[2] = lo.z; m[3] = lo.w;
+    m[4] = hi.x; m[5] = hi.y; m[6] = hi.z; m[7] = hi.w;
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = (to_f32(e[i]) - m[i]) * scale_mult;
+}
+
+// Grid: (n_blocks, H, B). One CTA quantizes `block_tokens` tokens of one (batch, head). Each thread
+// holds its CHUNKS 16-byte chunks (8 channels of one token) in registers between the absmax
+// pass and the rounding pass: x is read from memory once, with all loads in flight together.
+template <typename T, int CHUNKS>
 __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n0 = blk * p.block_tokens;
@@ -45,24 +64,36 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   const int n_chunks = p.block_tokens * chunks_per_row;
   __shared__ unsigned int s_amax[8];  // bit patterns of non-negative floats: int max == float max
   if (threadIdx.x < 8) s_amax[threadIdx.x] = 0u;
-  __syncthreads();
 
   const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
   const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.head_dim : nullptr;
 
-  float local[8];
-  for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
-  for (int c = threadIdx.x; c < n_chunks; c += kQuantThreads) {
+  uint4 raw[CHUNKS];
+  #pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int c = threadIdx.x + i * kQuantThreads;
     const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
-    if (n0 + tok >= p.tokens) continue;  // never read past the end
-    const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
-    const T* e = reinterpret_cast<const T*>(&raw);
+    raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (c < n_chunks && n0 + tok < p.tokens)  // never read past the end
+      raw[i] = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
+  }
+  __syncthreads();  // s_amax initialised
+
+  float local[8];
+  #pragma unroll
+  for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
+  #pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int c = threadIdx.x + i * kQuantThreads;
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    if (c >= n_chunks || n0 + tok >= p.tokens) continue;
+    float v[8];
+    chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
     float m = 0.f;
-    for (int i = 0; i < 8; ++i) {
-      const float v = (to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f)) * p.scale_mult;
-      m = fmaxf(m, fabsf(v));
-    }
+    #pragma unroll
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
     const int gi = group_in_block(tok, p.groups_per_block);
+    #pragma unroll
     for (int j = 0; j < 8; ++j)
       if (j == gi) local[j] = fmaxf(local[j], m);  // constant indices keep `local` in registers
   }
@@ -78,19 +109,23 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   }
 
   int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
-  for (int c = threadIdx.x; c < n_chunks; c += kQuantThreads) {
+  #pragma unroll
+  for (int i = 0; i < CHUNKS; ++i) {
+    const int c = threadIdx.x + i * kQuantThreads;
+    if (c >= n_chunks) break;
     const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
     uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
     if (n0 + tok < p.tokens) {
       const int gi = group_in_block(tok, p.groups_per_block);
       const float scale = fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor);
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
-      const T* e = reinterpret_cast<const T*>(&raw);
+      float v[8];
+      chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
       int8_t q[8];
-      for (int i = 0; i < 8; ++i) {
-        const float v = (to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f)) * p.scale_mult;
-        const float r = fminf(fmaxf(rintf(__fdiv_rn(v, scale)), -127.f), 127.f);
-        q[i] = static_cast<int8_t>(r);
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        // IEEE division, as sageattention.reference does: the same int8 values bit for bit
+        const float r = fminf(fmaxf(rintf(__fdiv_rn(v[k], scale)), -127.f), 127.f);
+        q[k] = static_cast<int8_t>(r);
       }
       packed = *reinterpret_cast<const uint2*>(q);
     }
@@ -156,10 +191,21 @@ namespace sage {
 inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType dtype,
                                      cudaStream_t stream) {
   const dim3 grid(p.padded_tokens / p.block_tokens, p.heads, batch);
-  if (dtype == DType::kFloat16)
-    quant_int8_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(p);
-  else
-    quant_int8_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(p);
+  // chunks per thread, rounded up to the next instantiated size (head dim <= 256, block <= 128)
+  const int per_thread = (p.block_tokens * (p.head_dim / 8) + kQuantThreads - 1) / kQuantThreads;
+  auto launch = [&](auto chunks) {
+    constexpr int kChunks = decltype(chunks)::value;
+    if (dtype == DType::kFloat16)
+      quant_int8_kernel<__half, kChunks><<<grid, kQuantThreads, 0, stream>>>(p);
+    else
+      quant_int8_kernel<__nv_bfloat16, kChunks><<<grid, kQuantThreads, 0, stream>>>(p);
+  };
+  if (per_thread <= 2) launch(std::integral_constant<int, 2>{});
+  else if (per_thread <= 4) launch(std::integral_constant<int, 4>{});
+  else if (per_thread <= 8) launch(std::integral_constant<int, 8>{});
+  else if (per_thread <= 16) launch(std::integral_constant<int, 16>{});
+  else if (per_thread <= 32) launch(std::integral_constant<int, 32>{});
+  else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
