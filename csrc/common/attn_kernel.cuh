@@ -341,9 +341,19 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         #pragma unroll
         for (int sub = 0; sub < KSUB; ++sub) {
           float mraw = -INFINITY;
-          #pragma unroll
-          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-            mraw = fmaxf(mraw, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+          if constexpr (kScoreBias != 0) {
+            // Biased scores are positive floats (masked ones -inf): their bit patterns order
+            // like the values, and sm_90 has a three-input integer max (half the instructions).
+            int mi = __float_as_int(-INFINITY);
+            #pragma unroll
+            for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+              mi = __vimax3_s32(mi, __float_as_int(s[mt][j][2 * r]), __float_as_int(s[mt][j][2 * r + 1]));
+            mraw = __int_as_float(mi);
+          } else {
+            #pragma unroll
+            for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+              mraw = fmaxf(mraw, fmaxf(s[mt][j][2 * r], s[mt][j][2 * r + 1]));
+          }
           // scaled per thread first: per_thread scales differ across the quad (and sub-blocks)
           mraw -= kScoreBiasF;  // exact: an integer below 2^24 (or -inf when all masked)
           mx = sub == 0 ? mraw * dqs[mt][sub] : fmaxf(mx, mraw * dqs[mt][sub]);
