@@ -8,7 +8,7 @@
 #
 # Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh), CASES,
 # CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), FAMILIES (default sm80),
-# TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), PROFILE_CASES, NCU (1: run ncu on
+# TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), DTYPES (default float16), PROFILE_CASES, NCU (1: run ncu on
 # PROFILE_CASES), NCU_LABEL.
 set -uo pipefail
 OUT=${OUT:-$PWD/tune_out}
@@ -25,7 +25,7 @@ timeout 120 python3 benchmarks/gpu_dev_mma_peak.py --json "$OUT/mma_peak.json" >
 fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
-  --dtypes float16 --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
+  --dtypes "${DTYPES:-float16}" --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
   --build-root /tmp/native_build --out "$OUT/native" "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null
