@@ -21,8 +21,10 @@
 #include "ptx.cuh"
 
 // CTAs per SM the register allocation must allow, per head dim (tuning knobs; 1 = no cap).
+// d=64: 3 (168 registers, 12 warps per SM instead of 8) measured +2% ("fp32") and +10% ("fp16")
+// on the H200 (benchmarks/results/h200-2026-12-03-native.md).
 #ifndef SAGE_MIN_CTAS_HD64
-#define SAGE_MIN_CTAS_HD64 1
+#define SAGE_MIN_CTAS_HD64 3
 #endif
 #ifndef SAGE_MIN_CTAS_HD128
 #define SAGE_MIN_CTAS_HD128 1
