@@ -3,6 +3,9 @@
 #ifndef SAGE_HD64_QREG
 #define SAGE_HD64_QREG 1
 #endif
+#ifndef SAGE_MIN_CTAS_HD64  // the sm80 family's 3-CTA cap spills here (Q in registers)
+#define SAGE_MIN_CTAS_HD64 1
+#endif
 #include "../common/attn_dispatch.cuh"
 #include "launchers.h"
 
