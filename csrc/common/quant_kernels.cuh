@@ -35,26 +35,6 @@ __device__ __forceinline__ int group_in_block(int token_in_block, int groups_per
 }
 
 constexpr int kQuantThreads = 128;
-// Tuning knobs (benchmarks/gpu_dev_tune.sh variants): CTAs per SM the quantization kernel's
-// register allocation must allow, and rounding through the reciprocal with an exact fallback.
-#ifndef SAGE_QUANT_MIN_BLOCKS
-#define SAGE_QUANT_MIN_BLOCKS 1
-#endif
-#ifndef SAGE_QUANT_FAST_DIV
-#define SAGE_QUANT_FAST_DIV 0
-#endif
-
-// rint(v / scale) with the quotient rounded as IEEE division rounds it (what
-// sageattention.reference computes). Fast form: v * (1 / scale) is within 2e-5 of the correctly
-// rounded quotient for |quotient| <= 128, so only a product within 3e-5 of a rounding tie can
-// round differently; those few take the division.
-__device__ __forceinline__ float round_quotient(float v, float scale, float inv_scale) {
-#if SAGE_QUANT_FAST_DIV
-  const float r = v * inv_scale;
-  if (fabsf(r - floorf(r) - 0.5f) >= 3e-5f) return rintf(r);
-#endif
-  return rintf(__fdiv_rn(v, scale));
-}
 constexpr float kScaleFloor = 1e-8f;
 
 // The 8 channels d0..d0+7 of one token, minus the mean (K smoothing), times scale_mult.
@@ -77,7 +57,7 @@ __device__ __forceinline__ void chunk_values(const uint4& raw, const float* mean
 // holds its CHUNKS 16-byte chunks (8 channels of one token) in registers between the absmax
 // pass and the rounding pass: x is read from memory once, with all loads in flight together.
 template <typename T, int CHUNKS>
-__global__ void __launch_bounds__(kQuantThreads, SAGE_QUANT_MIN_BLOCKS) quant_int8_kernel(QuantInt8Params p) {
+__global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n0 = blk * p.block_tokens;
   const int chunks_per_row = p.head_dim / 8;
@@ -138,14 +118,13 @@ __global__ void __launch_bounds__(kQuantThreads, SAGE_QUANT_MIN_BLOCKS) quant_in
     if (n0 + tok < p.tokens) {
       const int gi = group_in_block(tok, p.groups_per_block);
       const float scale = fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor);
-      const float inv_scale = __frcp_rn(scale);
       float v[8];
       chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
       int8_t q[8];
       #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        // as sageattention.reference rounds: the same int8 values bit for bit
-        const float r = fminf(fmaxf(round_quotient(v[k], scale, inv_scale), -127.f), 127.f);
+        // IEEE division, as sageattention.reference does: the same int8 values bit for bit
+        const float r = fminf(fmaxf(rintf(__fdiv_rn(v[k], scale)), -127.f), 127.f);
         q[k] = static_cast<int8_t>(r);
       }
       packed = *reinterpret_cast<const uint2*>(q);
