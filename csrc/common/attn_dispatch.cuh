@@ -8,9 +8,10 @@ namespace sage {
 // Tile shape per head dim: MT m16 tiles per warp, NWARPS warps (CTA_Q = 16 * MT * NWARPS, at
 // most 128 = the Q padding), QREG: Q fragments kept in registers. The -D overrides exist for
 // tuning runs (benchmarks/gpu_dev_native.py --variant); the defaults are the measured best.
-// Measured on the H200 (docs/kernels.md, 2026-12-02): for d=128, 4 warps x 2 m-tiles with Q
-// reloaded from shared memory ran 296 TOPS vs 219 for 8 warps x 1 m-tile (same inputs, fp16,
-// 4x32x4096); d=64 was within noise across the three shapes tried.
+// Measured on the H200 (docs/kernels.md): for d=128, 4 warps x 2 m-tiles with Q reloaded from
+// shared memory ran 296 TOPS vs 219 for 8 warps x 1 m-tile (2026-12-02, fp16, 4x32x4096); after
+// the 2026-12-03 loop rewrite 1 m-tile per warp, 128-key iterations and Q in registers were
+// still 3-33% slower than these defaults.
 // Each knob can be set alone with -D; unset ones keep these defaults.
 #ifndef SAGE_HD64_KSUB  // 64-token K scale blocks per loop iteration (2: compiled, not yet timed)
 #define SAGE_HD64_KSUB 1

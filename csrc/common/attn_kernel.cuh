@@ -403,7 +403,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
 
     // ---- O += P V ----
     if constexpr (PV == PvKind::kFp16) {
-      uint32_t inner[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
+      [[maybe_unused]] uint32_t inner[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
       if constexpr (kInnerF16) {
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -455,8 +455,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             }
       }
     } else {
-      float innerf[kInnerF32 ? MT : 1][kInnerF32 ? kDT : 1][4];
-      uint32_t innerh[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
+      [[maybe_unused]] float innerf[kInnerF32 ? MT : 1][kInnerF32 ? kDT : 1][4];
+      [[maybe_unused]] uint32_t innerh[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
       if constexpr (kInnerF32) {
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
