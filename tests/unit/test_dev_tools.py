@@ -1,0 +1,59 @@
+"""The kernel developers' GPU drivers under benchmarks/: what can be checked without a GPU."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("stem", ["h200-2026-12-03-native-e31541b", "h200-2026-12-03-native-8b38edf"])
+def test_committed_native_tables_are_what_render_makes(stem):
+    native = _load("gpu_dev_native")
+    source = f"benchmarks/results/{stem}.json"
+    text = native.render_markdown(json.loads((ROOT / source).read_text()), source)
+    assert (RESULTS / f"{stem}.md").read_text() == text
+
+
+def test_render_puts_upstream_ratio_on_fp16_rows_only():
+    native = _load("gpu_dev_native")
+    row = {"dtype": "float16", "b": 4, "h": 32, "n": 4096, "d": 128, "causal": False,
+           "sdpa_tops": 600.0, "k_tops": 379.0 / 2}
+    bf16 = dict(row, dtype="bfloat16")
+    lines = native.render_markdown({"timing": [row, bf16], "device": "X"}, "f.json").splitlines()
+    fp16_cells = [c.strip() for c in lines[-2].strip("|").split("|")]
+    bf16_cells = [c.strip() for c in lines[-1].strip("|").split("|")]
+    assert fp16_cells[-2:] == ["379", "0.50"]  # upstream 1.0.6 Triton, then k / upstream
+    assert bf16_cells[-2:] == ["", ""]
+
+
+def test_render_needs_no_family_flag(tmp_path, capsys):
+    native = _load("gpu_dev_native")
+    with pytest.raises(SystemExit):
+        native.main(["--skip-build"])  # neither --family nor --render
+    out = tmp_path / "t.md"
+    assert native.main(["--render", str(RESULTS / "h200-2026-12-03-native-e31541b.json"),
+                        "--markdown", str(out)]) == 0
+    assert out.read_text() == capsys.readouterr().out
+
+
+def test_mma_peak_kernel_source_names_every_operand():
+    peak = _load("gpu_dev_mma_peak")
+    for ptx, na, nb, nc, ctype, _ in peak.SHAPES.values():
+        src = peak._source(ptx, na, nb, nc, ctype)
+        assert f"mma.sync.aligned.{ptx}" in src
+        assert f"%{nc + na + nb - 1}" in src and f"%{nc + na + nb}" not in src
+        assert src.count(f'"+{ctype}"(acc[c]') == nc
