@@ -135,13 +135,19 @@ def _warm_gpu(case: Case, device, seconds: float = 1.0) -> None:
 
 def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         primary: str | None = None, others: list[str] = (), accuracy: bool = True,
-        progress: Callable[[str], None] | None = None) -> dict:
+        progress: Callable[[str], None] | None = None, rounds: int = 1) -> dict:
     """Time SDPA (default backend), sageattn and each of ``others`` on every case.
 
     ``primary`` forces the backend of the headline ``sageattn`` figures (None: the default
     dispatch). A backend that raises or falls back to another is recorded with the reason, not
-    timed. Returns the ``performance`` section of a validation report.
+    timed. ``rounds`` > 1 times them all that many times, interleaved (SDPA, sageattn, others,
+    SDPA, ...), and keeps each one's median: back-to-back timings of one kernel on the H200 moved
+    up to 7%, and the first timing of a shape ran up to 40% slow
+    (benchmarks/results/h200-2026-12-03-triton-ab-*.log). Returns the ``performance`` section of
+    a validation report.
     """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     rows = []
     if cases and device.type == "cuda":
         _warm_gpu(cases[0], device)
@@ -152,21 +158,32 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         def sdpa(q=q, k=k, v=v, causal=case.causal):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        row["sdpa_ms"] = timer(sdpa)
-        row["sdpa_tops"] = tops(case, row["sdpa_ms"])
         ref = None
         if accuracy:
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                  is_causal=case.causal)
-        head = _time_backend(api, primary, case, q, k, v, timer, ref)
+        sdpa_runs, head_runs, other_runs = [], [], {name: [] for name in others}
+        for r in range(rounds):  # accuracy (and the backend that ran) from the first round
+            sdpa_runs.append(timer(sdpa))
+            head_runs.append(_time_backend(api, primary, case, q, k, v, timer, ref if r == 0 else None))
+            for name in others:
+                other_runs[name].append(_time_backend(api, name, case, q, k, v, timer,
+                                                      ref if r == 0 else None))
+        row["sdpa_ms"] = statistics.median(sdpa_runs)
+        row["sdpa_tops"] = tops(case, row["sdpa_ms"])
+        if rounds > 1:
+            row["sdpa_ms_rounds"] = sdpa_runs
+        head = _median_of_rounds(case, head_runs)
         row.update({"backend": head.get("ran"), "sageattn_ms": head.get("ms"),
                     "sageattn_tops": head.get("tops"), "speedup_vs_sdpa": None,
                     "accuracy": head.get("accuracy"), "error": head.get("error")})
+        if rounds > 1 and "ms_rounds" in head:
+            row["sageattn_ms_rounds"] = head["ms_rounds"]
         if head.get("ms"):
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / head["ms"]
         row["backends"] = {}
         for name in others:
-            res = _time_backend(api, name, case, q, k, v, timer, ref)
+            res = _median_of_rounds(case, other_runs[name])
             if res.get("ms"):
                 res["speedup_vs_sdpa"] = row["sdpa_ms"] / res["ms"]
             row["backends"][name] = res
@@ -180,8 +197,10 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
     accs = [r["accuracy"] for r in rows if r.get("accuracy")]
     return {
         "method": ("end to end incl. quantization, same inputs, one process; median of "
-                   "triton.testing.do_bench (CUDA events without Triton); TOPS = 4*b*h*n*n*d / "
-                   "time, halved for causal"),
+                   "triton.testing.do_bench (CUDA events without Triton)"
+                   + (f", median of {rounds} interleaved rounds" if rounds > 1 else "")
+                   + "; TOPS = 4*b*h*n*n*d / time, halved for causal"),
+        "rounds": rounds,
         "baseline": "torch.nn.functional.scaled_dot_product_attention, default backend",
         "primary_backend": primary or "default dispatch",
         "cases": rows,
@@ -194,6 +213,19 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
             "max_abs": max(a["max_abs"] for a in accs) if accs else None,
         },
     }
+
+
+def _median_of_rounds(case: Case, runs: list[dict]) -> dict:
+    """The first round's result (backend, accuracy, error) with the median time of the rounds
+    that timed; the rounds' times under ``ms_rounds`` when there were several."""
+    result = dict(runs[0])
+    times = [r["ms"] for r in runs if r.get("ms")]
+    if times and result.get("ms"):
+        result["ms"] = statistics.median(times)
+        result["tops"] = tops(case, result["ms"])
+        if len(runs) > 1:
+            result["ms_rounds"] = times
+    return result
 
 
 def _time_backend(api, backend, case, q, k, v, timer, ref) -> dict:
@@ -328,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sdpa; those that cannot run here are reported with the reason)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every kernel this many times per case, interleaved, and keep the "
+                        "medians (default 1; 3 steadies per-case ratios against SDPA)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -388,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<36} {'SDPA (default)':>19}  {'sageattn':>15}  speed-up  [backend]", flush=True)
     result = run(cases, api=api, device=device, timer=cuda_timer(args.warmup_ms, args.rep_ms),
                  primary=args.backend, others=others, accuracy=not args.no_accuracy,
-                 progress=lambda line: print(line, flush=True))
+                 progress=lambda line: print(line, flush=True), rounds=args.rounds)
     g = result["geomean_speedup_vs_sdpa"]
     print(f"geometric mean speed-up vs SDPA: {g:.3f}x" if g else "geometric mean: n/a")
     for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():

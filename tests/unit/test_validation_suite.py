@@ -491,6 +491,36 @@ def test_benchmark_run_with_a_fake_timer():
     assert perf["geomean_speedup_vs_sdpa_by_backend"]["cuda-sm89-fp8"] is None
 
 
+def test_benchmark_rounds_interleave_and_keep_medians():
+    lib = FakeLib(native=("cuda-sm80-fp16",))
+    api = make_api(lib)
+    case = benchmark.Case("fp16", 1, 2, 32, 64, False)
+    order = []
+    sdpa_ms = iter([9.0, 2.0, 2.2])  # a slow first round must not set the figure
+    call_ms = iter([3.0, 1.0, 1.1, 4.0, 0.5, 0.6])  # sageattn, cuda-sm80-fp16, alternating
+
+    def timer(fn):
+        order.append(fn.__name__)
+        return next(sdpa_ms) if fn.__name__ == "sdpa" else next(call_ms)
+
+    perf = benchmark.run([case], api=api, device=torch.device("cpu"), timer=timer,
+                         others=["cuda-sm80-fp16"], rounds=3)
+    assert order == ["sdpa", "call", "call"] * 3  # interleaved rounds
+    row = perf["cases"][0]
+    assert row["sdpa_ms"] == 2.2 and row["sdpa_ms_rounds"] == [9.0, 2.0, 2.2]
+    assert row["sageattn_ms"] == 1.1 and row["sageattn_ms_rounds"] == [3.0, 1.1, 0.5]
+    sm80 = row["backends"]["cuda-sm80-fp16"]
+    assert sm80["ms"] == 1.0 and sm80["ms_rounds"] == [1.0, 4.0, 0.6]
+    assert sm80["speedup_vs_sdpa"] == pytest.approx(2.2 / 1.0)
+    assert row["accuracy"]["cosine"] > 0.9999 and sm80["accuracy"]["cosine"] > 0.9999
+    assert perf["rounds"] == 3 and "median of 3 interleaved rounds" in perf["method"]
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        benchmark.run([case], api=api, device=torch.device("cpu"), timer=timer, rounds=0)
+    one = benchmark.run([case], api=api, device=torch.device("cpu"),
+                        timer=lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0, rounds=1)
+    assert "sdpa_ms_rounds" not in one["cases"][0] and "interleaved" not in one["method"]
+
+
 def test_benchmark_cli_grid_and_refusal(monkeypatch, capsys):
     args = benchmark.build_parser().parse_args(["--seq-len", "1024", "2048", "--causal", "yes",
                                                 "--dtype", "bf16"])
