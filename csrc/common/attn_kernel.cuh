@@ -367,9 +367,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         const float alpha = fast_exp2(m_run[mt][r] - m_use);
         m_run[mt][r] = m_new;
         // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m)). The constant is rounded
-        // once to fp32, shifting every exponent of the block by at most 3e-8 * bias * dq: e.g.
-        // 4e-5 when the row's largest score is 20 (log2 units) at 1/60 of the int8 bound on |S|,
-        // against 5e-4 for P's own rounding to fp16.
+        // once to fp32, shifting the exponents of this row's block by at most 6e-8 * bias * dq:
+        // about 1e-4 (log2 units) for Gaussian inputs (largest score ~3.5 at |S| ~ 3e4), 5e-4
+        // for a row whose largest score is 20. One factor for the block's P and row sum alike,
+        // the size of P's own rounding to fp16 (5e-4); measured against sageattention.reference
+        // on the H200: cosine 1.000000, relative L1 1e-4 (docs/kernels.md).
         float neg_c[KSUB];
         #pragma unroll
         for (int sub = 0; sub < KSUB; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, dqs[mt][sub], m_use);
