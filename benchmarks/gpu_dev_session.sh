@@ -19,7 +19,7 @@ S=$OUT/s
 mkdir -p "$S"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CELL=${CELL:-linux-cp312-torch2.11-cu130-sm90}
-STEPS=${STEPS:-tests hopper triton bench}
+STEPS=${STEPS-tests hopper triton bench}  # STEPS="" builds and installs only
 summary=()
 t() { local name=$1 limit=$2; shift 2; local start=$SECONDS
   local var="LIMIT_${name^^}"; limit=${!var:-$limit}   # e.g. LIMIT_TESTS=150
