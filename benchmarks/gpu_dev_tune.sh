@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One native-kernel tuning call on the GPU runner: build the sm80 family from csrc/ (and each tile
-# variant, in parallel), check and time them on the chosen cases, then show where the default
-# build's time goes (torch.profiler per kernel, ncu stall reasons). Logs under $OUT.
+# One native-kernel tuning call on the GPU runner: build the native families from csrc/ (and each
+# sm80 tile variant, in parallel), check and time them on the chosen cases, then show where the
+# default build's time goes (torch.profiler per kernel, ncu stall reasons). Logs and JSON packed
+# into $OUT/tune.tgz (the transfer back takes few files); a short table printed last.
 #
 #   VARIANTS=$'mt1=-DSAGE_HD64_MT=1 -DSAGE_HD64_WARPS=8\nqreg=-DSAGE_HD64_QREG=1' \
 #   CASES=4x32x4096x128,4x32x4096x64 LABELS=sm80-fp32 NCU=1 bash benchmarks/gpu_dev_tune.sh
@@ -11,6 +12,7 @@
 # TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), DTYPES (default float16), PROFILE_CASES, NCU (1: run ncu on
 # PROFILE_CASES), NCU_LABEL.
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
 mkdir -p "$OUT"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
