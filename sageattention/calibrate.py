@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up per timing")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per timing")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every backend this many times per shape, interleaved, and keep the "
+                        "medians (python -m sageattention.benchmark --rounds; default 1)")
     p.add_argument("--no-accuracy", action="store_true",
                    help="skip the fp32 SDPA comparison recorded in the benchmark JSON")
     return p
@@ -180,7 +183,7 @@ def _measure(args, argv: list[str]) -> dict:
         result = benchmark.run(cases, api=Api.from_package(), device=device,
                                timer=benchmark.cuda_timer(args.warmup_ms, args.rep_ms), primary=None,
                                others=others, accuracy=not args.no_accuracy,
-                               progress=lambda line: print(line, flush=True))
+                               progress=lambda line: print(line, flush=True), rounds=args.rounds)
         doc = benchmark.document(result, device)
     doc["environment"]["command"] = f"{PROG} {shlex.join(argv)}"
     return doc

@@ -393,8 +393,9 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     benchmark JSON kept, the table written from it exactly as --from-benchmark would."""
     seen = {}
 
-    def fake_run(cases, *, api, device, timer, primary, others, accuracy, progress):
-        seen.update(cases=len(cases), others=others, primary=primary, enabled=dispatch.calibration_enabled())
+    def fake_run(cases, *, api, device, timer, primary, others, accuracy, progress, rounds):
+        seen.update(cases=len(cases), others=others, primary=primary, rounds=rounds,
+                    enabled=dispatch.calibration_enabled())
         return {"method": "synthetic timings", "primary_backend": "default dispatch",
                 "cases": bench_doc()["cases"]}
 
@@ -410,11 +411,12 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     assert calibrate.main(["--out", str(tmp_path / "sm89.json")]) == 2  # refused before measuring
     assert "use sm90.json" in capsys.readouterr().err and not seen
     out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
-    assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw)]) == 0
+    assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw), "--rounds", "3"]) == 0
     assert seen == {"cases": 44, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
-                    "enabled": False}
+                    "rounds": 3, "enabled": False}
     table = calibration.load(out)
-    assert table.command == f"python -m sageattention.calibrate --out {out} --benchmark-json {raw}"
+    assert table.command == (f"python -m sageattention.calibrate --out {out} --benchmark-json {raw} "
+                             "--rounds 3")
     rebuilt = tmp_path / "rebuilt" / "sm90.json"
     assert calibrate.main(["--from-benchmark", str(raw), "--out", str(rebuilt)]) == 0
     assert calibration.load(rebuilt).entries == table.entries
