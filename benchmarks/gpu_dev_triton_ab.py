@@ -36,7 +36,7 @@ def _call(module, q, k, v, causal):
 def _sdpa(q, k, v, causal):
     import torch
 
-    return lambda: (torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal), None)
+    return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def main(argv: list[str] | None = None) -> int:

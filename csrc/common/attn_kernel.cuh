@@ -22,7 +22,7 @@
 
 // CTAs per SM the register allocation must allow, per head dim (tuning knobs; 1 = no cap).
 // d=64: 3 (168 registers, 12 warps per SM instead of 8) measured +2% ("fp32") and +10% ("fp16")
-// on the H200 (benchmarks/results/h200-2026-12-03-native.md).
+// on the H200 (benchmarks/results/h200-2026-12-03-native-712289d.log, variant e).
 #ifndef SAGE_MIN_CTAS_HD64
 #define SAGE_MIN_CTAS_HD64 3
 #endif
@@ -75,8 +75,8 @@ __device__ __forceinline__ uint32_t pack_out2<__nv_bfloat16>(float a, float b) {
 }
 
 // Calls f(c) for this thread's chunks c = tid, tid + THREADS, ... < CHUNKS with a trip count known
-// at compile time (a `c < CHUNKS; c += THREADS` loop compiled to a generic loop with remainder
-// handling: hundreds of integer instructions per K block in the SASS).
+// at compile time (a `c < CHUNKS; c += THREADS` loop compiles to a generic loop with remainder
+// handling). Used for the one-time Q copy; the per-block K/V copies below go further.
 template <int CHUNKS, int THREADS, typename F>
 __device__ __forceinline__ void for_each_chunk(const int tid, F&& f) {
   #pragma unroll
