@@ -177,7 +177,7 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         row.update({"backend": head.get("ran"), "sageattn_ms": head.get("ms"),
                     "sageattn_tops": head.get("tops"), "speedup_vs_sdpa": None,
                     "accuracy": head.get("accuracy"), "error": head.get("error")})
-        if rounds > 1 and "ms_rounds" in head:
+        if "ms_rounds" in head:
             row["sageattn_ms_rounds"] = head["ms_rounds"]
         if head.get("ms"):
             row["speedup_vs_sdpa"] = row["sdpa_ms"] / head["ms"]
@@ -336,6 +336,17 @@ def markdown(doc: dict, *, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rounds_arg(text: str) -> int:
+    """argparse type of --rounds (here and in python -m sageattention.calibrate)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sageattention.benchmark",
@@ -360,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "sdpa; those that cannot run here are reported with the reason)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=rounds_arg, default=1,
                    help="time every kernel this many times per case, interleaved, and keep the "
                         "medians (default 1; 3 steadies per-case ratios against SDPA)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")

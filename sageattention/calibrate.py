@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
     p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up per timing")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per timing")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=benchmark.rounds_arg, default=1,
                    help="time every backend this many times per shape, interleaved, and keep the "
                         "medians (python -m sageattention.benchmark --rounds; default 1)")
     p.add_argument("--no-accuracy", action="store_true",

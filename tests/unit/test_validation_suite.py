@@ -521,6 +521,20 @@ def test_benchmark_rounds_interleave_and_keep_medians():
     assert "sdpa_ms_rounds" not in one["cases"][0] and "interleaved" not in one["method"]
 
 
+@pytest.mark.parametrize("bad", ["0", "-2", "three", "1.5"])
+def test_rounds_flag_refuses_what_is_not_a_positive_whole_number(bad, capsys):
+    from sageattention import calibrate
+
+    with pytest.raises(SystemExit) as exc:
+        benchmark.build_parser().parse_args(["--rounds", bad])
+    assert exc.value.code == 2
+    assert f"--rounds: must be a whole number of at least 1, got '{bad}'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.build_parser().parse_args(["--out", "x.json", "--rounds", bad])
+    assert "--rounds: must be a whole number of at least 1" in capsys.readouterr().err
+    assert benchmark.build_parser().parse_args(["--rounds", "3"]).rounds == 3
+
+
 def test_benchmark_cli_grid_and_refusal(monkeypatch, capsys):
     args = benchmark.build_parser().parse_args(["--seq-len", "1024", "2048", "--causal", "yes",
                                                 "--dtype", "bf16"])
