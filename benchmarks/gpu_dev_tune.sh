@@ -10,7 +10,8 @@
 # Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh), CASES,
 # CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), FAMILIES (default sm80),
 # TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), DTYPES (default float16), PROFILE_CASES, NCU (1: run ncu on
-# PROFILE_CASES), NCU_LABEL.
+# PROFILE_CASES), NCU_LABEL, NCU_METRICS (extra ncu --metrics, e.g. the stall reasons:
+# regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -39,7 +40,7 @@ if [ "${NCU:-0}" = 1 ]; then
     timeout 150 ncu --clock-control none -k regex:attn_kernel -c 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
-      --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis ${NCU_METRICS:+--metrics "$NCU_METRICS"} \
       python3 benchmarks/gpu_dev_profile.py drive --case "$c" --calls 1 \
       --label "${NCU_LABEL:-sm80-fp32}" >"$OUT/ncu_$c.txt" 2>&1
     echo "ncu $c: exit $?"

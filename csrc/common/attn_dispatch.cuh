@@ -11,9 +11,10 @@ namespace sage {
 // Measured on the H200 (docs/kernels.md): for d=128, 4 warps x 2 m-tiles with Q reloaded from
 // shared memory ran 296 TOPS vs 219 for 8 warps x 1 m-tile (2026-12-02, fp16, 4x32x4096); after
 // the 2026-12-03 loop rewrite 1 m-tile per warp, 128-key iterations and Q in registers were
-// still 3-33% slower than these defaults.
+// still 3-33% slower than these defaults, and after the address changes (docs/kernels.md)
+// d=64 with 2 CTAs per SM, 128-key iterations or 2 warps per CTA were 6-18% slower.
 // Each knob can be set alone with -D; unset ones keep these defaults.
-#ifndef SAGE_HD64_KSUB  // 64-token K scale blocks per loop iteration (2: compiled, not yet timed)
+#ifndef SAGE_HD64_KSUB  // 64-token K scale blocks per loop iteration (2: timed, slower)
 #define SAGE_HD64_KSUB 1
 #endif
 #ifndef SAGE_HD64_MT

@@ -118,9 +118,9 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kAllF16 = ACC == PvAccum::kF16;
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sQ = smem;
-  uint8_t* sK = sQ + Tr::kQBytes;
-  uint8_t* sV = sK + 2 * Tr::kKBytes;
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sV = sK + 2 * Tr::kKBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -145,9 +145,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr int kKRowsPerPass = kThreads / kKRowChunks;
   static_assert(kThreads % kKRowChunks == 0 && kIterK % kKRowsPerPass == 0, "K copy tiling");
   const int k_row = tid / kKRowChunks, k_col = (tid % kKRowChunks) * 16;
+  const int8_t* const k_src = gK + k_row * HEAD_DIM + k_col;
+  const uint32_t k_dst = sK + k_row * Tr::kQKStride + k_col;
   auto load_k = [&](int kb, int buf) {
-    uint8_t* dst = sK + buf * Tr::kKBytes + k_row * Tr::kQKStride + k_col;
-    const int8_t* src = gK + (static_cast<int64_t>(kb) * kIterK + k_row) * HEAD_DIM + k_col;
+    const uint32_t dst = k_dst + buf * Tr::kKBytes;
+    const int8_t* src = k_src + static_cast<int64_t>(kb) * (kIterK * HEAD_DIM);
     #pragma unroll
     for (int i = 0; i < kIterK / kKRowsPerPass; ++i) {
       // K is padded to 64 tokens only: with KSUB > 1 the last iteration may pass its end.
@@ -162,18 +164,30 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr int kVRowsPerPass = kThreads / kVRowChunks;
   static_assert(kThreads % kVRowChunks == 0 && Tr::kVRows % kVRowsPerPass == 0, "V copy tiling");
   const int v_row = tid / kVRowChunks, v_col = (tid % kVRowChunks) * 16;  // v_col in bytes
+  const uint32_t v_dst = sV + v_row * Tr::kVStride + v_col;
+  [[maybe_unused]] const __half* v_base = nullptr;  // FP16 V: this (batch, head)
+  [[maybe_unused]] const __half* v_src = nullptr;   // FP16 V: this thread's first chunk
+  if constexpr (PV == PvKind::kFp16) {
+    v_base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
+    v_src = v_base + v_row * p.v_sn + v_col / 2;
+  }
   auto load_v = [&](int kb, int buf) {
-    uint8_t* dst = sV + buf * Tr::kVBytes + v_row * Tr::kVStride + v_col;
+    const uint32_t dst = v_dst + buf * Tr::kVBytes;
     if constexpr (PV == PvKind::kFp16) {
-      const __half* base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
-      const int tok0 = kb * kIterK + v_row;
-      const __half* src = base + tok0 * p.v_sn + v_col / 2;
       const int64_t step = kVRowsPerPass * p.v_sn;
-      #pragma unroll
-      for (int i = 0; i < kIterK / kVRowsPerPass; ++i) {
-        // zero-fill past the end: P is 0 there, V must not be NaN
-        const bool ok = tok0 + i * kVRowsPerPass < p.kv_len;
-        cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride, ok ? src + i * step : base, ok);
+      const __half* src = v_src + static_cast<int64_t>(kb) * kIterK * p.v_sn;
+      if ((kb + 1) * kIterK <= p.kv_len) {  // the whole block is inside the sequence
+        #pragma unroll
+        for (int i = 0; i < kIterK / kVRowsPerPass; ++i)
+          cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride, src + i * step, true);
+      } else {
+        const int tok0 = kb * kIterK + v_row;
+        #pragma unroll
+        for (int i = 0; i < kIterK / kVRowsPerPass; ++i) {
+          // zero-fill past the end: P is 0 there, V must not be NaN
+          const bool ok = tok0 + i * kVRowsPerPass < p.kv_len;
+          cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride, ok ? src + i * step : v_base, ok);
+        }
       }
     } else {
       const int col = kb * kIterK + v_col;  // token
@@ -211,6 +225,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     qs[mt] = p.q_scale[bh * p.q_groups + idx];
   }
 
+  // K scales: one per 64-token block, or 4 per block (per_thread: one per t).
+  const bool k_per_thread = p.gran == QuantGran::kPerThread;
+  const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
+  const int ks_step = k_per_thread ? 4 : 1;
+
   float m_run[MT][2], l_run[MT][2];
   #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -236,12 +255,21 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   cp_async_wait<0>();
   __syncthreads();
 
+  // ldmatrix row addresses: a per-thread base plus compile-time offsets (mt, kc, np, dp).
   // Q fragment (m16n8k32 A, row-major): matrices = rows 0-7/8-15 x bytes 0-15/16-31.
+  const uint32_t q_ld = sQ + (warp_row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * Tr::kQKStride +
+                        16 * (lane >> 4);
   auto load_qf = [&](uint32_t (&frag)[4], int mt, int kc) {
-    const int r = warp_row0 + mt * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
-    const int col = kc * 32 + 16 * (lane >> 4);
-    ldmatrix_x4(frag, sQ + r * Tr::kQKStride + col);
+    ldmatrix_x4(frag, q_ld + mt * 16 * Tr::kQKStride + kc * 32);
   };
+  // K (B of m16n8k32, two n8 tiles): matrices = keys 0-7/8-15 x bytes 0-15/16-31.
+  const int mi = lane >> 3;
+  const uint32_t k_ld = ((mi >> 1) * 8 + (lane & 7)) * Tr::kQKStride + (mi & 1) * 16;
+  // V: FP16 (B of m16n8k16 via .trans): matrices = tokens 0-7/8-15 x dims 0-7/8-15;
+  // FP8 V^T (B of m16n8k32): dims 0-7/8-15 x token bytes 0-15/16-31.
+  const uint32_t v_ld = PV == PvKind::kFp16
+      ? ((mi & 1) * 8 + (lane & 7)) * Tr::kVStride + (mi >> 1) * 16
+      : ((mi >> 1) * 8 + (lane & 7)) * Tr::kVStride + (mi & 1) * 16;
   uint32_t qf[QREG ? MT : 1][QREG ? HEAD_DIM / 32 : 1][4];
   if constexpr (QREG) {
     #pragma unroll
@@ -264,8 +292,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       load_v(kb + 1, (kb + 1) & 1);
       cp_async_commit();
     }
-    const uint8_t* cK = sK + (kb & 1) * Tr::kKBytes;
-    const uint8_t* cV = sV + (kb & 1) * Tr::kVBytes;
+    const uint32_t cK = sK + (kb & 1) * Tr::kKBytes + k_ld;
+    const uint32_t cV = sV + (kb & 1) * Tr::kVBytes + v_ld;
 
     // ---- S = Q K^T (int32) ----
     int32_t s_i[MT][kNT][4];
@@ -285,10 +313,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       #pragma unroll
       for (int np = 0; np < kNT / 2; ++np) {
         uint32_t bk[4];
-        const int mi = lane >> 3;
-        const int r = np * 16 + (mi >> 1) * 8 + (lane & 7);
-        const int col = kc * 32 + (mi & 1) * 16;
-        ldmatrix_x4(bk, cK + r * Tr::kQKStride + col);
+        ldmatrix_x4(bk, cK + np * 16 * Tr::kQKStride + kc * 32);
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const uint32_t (&a)[4] = QREG ? qf[QREG ? mt : 0][QREG ? kc : 0] : qtmp[QREG ? 0 : mt];
@@ -303,10 +328,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     #pragma unroll
     for (int sub = 0; sub < KSUB; ++sub) {
       const int blk = kb * KSUB + sub;  // 64-token scale block
-      ks[sub] = (KSUB == 1 || blk < p.k_pad / kBlkK)
-                    ? p.k_scale[bhkv * p.k_groups +
-                                (p.gran == QuantGran::kPerThread ? blk * 4 + t : blk)]
-                    : 1.f;  // past the end: fully masked
+      ks[sub] = (KSUB == 1 || blk < p.k_pad / kBlkK) ? ks_src[blk * ks_step]
+                                                     : 1.f;  // past the end: fully masked
     }
     const int k0 = kb * kIterK;
     const bool need_mask = kMasked && ((k0 + kIterK > p.kv_len) ||
@@ -426,10 +449,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         #pragma unroll
         for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
           uint32_t bv[4];
-          const int mi = lane >> 3;
-          const int r = kc * 16 + (mi & 1) * 8 + (lane & 7);
-          const int col = (dp * 16 + (mi >> 1) * 8) * 2;
-          ldmatrix_x4_trans(bv, cV + r * Tr::kVStride + col);
+          ldmatrix_x4_trans(bv, cV + kc * 16 * Tr::kVStride + dp * 32);
           #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             if constexpr (kInnerF16) {
@@ -496,10 +516,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         #pragma unroll
         for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
           uint32_t bv[4];
-          const int mi = lane >> 3;
-          const int r = dp * 16 + (mi >> 1) * 8 + (lane & 7);
-          const int col = kc * 32 + (mi & 1) * 16;
-          ldmatrix_x4(bv, cV + r * Tr::kVStride + col);
+          ldmatrix_x4(bv, cV + dp * 16 * Tr::kVStride + kc * 32);
           #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             if constexpr (kInnerF32) {

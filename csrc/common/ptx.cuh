@@ -10,11 +10,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Shared-memory operands are 32-bit shared-window addresses (smem_u32): kernels keep per-thread
+// base addresses and add compile-time offsets, which ptxas folds into the instruction.
+
 // 16-byte async copy global -> shared. When `valid` is false nothing is read from `src`
 // (src-size 0) and the 16 destination bytes are zero-filled: tails never read past the end.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_size));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -25,15 +28,15 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ldmatrix: four 8x8 b16 matrices (8 rows of 16 bytes each); lane l gives the row address of
 // matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+               : "r"(addr));
 }
 
 // D = A(16x32 s8, row) * B(32x8 s8, col) + D, int32 accumulators (sm80+).

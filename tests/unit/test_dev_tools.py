@@ -20,7 +20,8 @@ def _load(name: str):
     return module
 
 
-@pytest.mark.parametrize("stem", ["h200-2026-12-03-native-e31541b", "h200-2026-12-03-native-8b38edf"])
+@pytest.mark.parametrize("stem", ["h200-2026-12-03-native-e31541b", "h200-2026-12-03-native-8b38edf",
+                                  "h200-2026-12-03-native-addr2-rowvote"])
 def test_committed_native_tables_are_what_render_makes(stem):
     native = _load("gpu_dev_native")
     source = f"benchmarks/results/{stem}.json"
