@@ -53,9 +53,42 @@ __device__ __forceinline__ void chunk_values(const uint4& raw, const float* mean
   for (int i = 0; i < 8; ++i) v[i] = (to_f32(e[i]) - m[i]) * scale_mult;
 }
 
+// v / scale correctly rounded, as sageattention.reference's IEEE division (the same int8 values
+// bit for bit), with the reciprocal of the group's scale computed once: the steps are those of
+// the compiler's own __fdiv_rn (reciprocal refined by one Newton step, quotient by one
+// residual correction) without its per-division range check and slow-path call. That check
+// guards quotients near the ends of the float range, which cannot occur here: scale is normal
+// (at least kScaleFloor, at most float max / 127) and |v / scale| <= 127; a quotient too small
+// for the fast path to be exact rounds to 0 either way.
+struct ExactDivisor {
+  float b, r;
+  __device__ __forceinline__ explicit ExactDivisor(float scale) : b(scale) {
+    float r0;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(scale));
+    r = fmaf(r0, fmaf(-scale, r0, 1.f), r0);
+  }
+  __device__ __forceinline__ float operator()(float a) const {
+    const float q = __fmul_rn(a, r);
+    return fmaf(r, fmaf(-b, q, a), q);
+  }
+};
+// round(q) as the low byte of an int: adding 1.5 * 2^23 leaves the integer, rounded to nearest
+// even like rintf, in the float's low mantissa bits (|q| <= 127), two's complement for negative
+// values. No F2I/FRND (quarter-rate on sm_80..sm_90) and no clamp (in range).
+__device__ __forceinline__ uint32_t round_to_int_bits(float q) {
+  return __float_as_uint(__fadd_rn(q, 12582912.f));
+}
+// The low bytes of a, b, c, d packed into one word (a lowest).
+__device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
 // Grid: (n_blocks, H, B). One CTA quantizes `block_tokens` tokens of one (batch, head). Each thread
 // holds its CHUNKS 16-byte chunks (8 channels of one token) in registers between the absmax
 // pass and the rounding pass: x is read from memory once, with all loads in flight together.
+// Up to 8 chunks per thread the chunks are kept as the floats the absmax pass computed (converted
+// once); more would cost the occupancy this memory-bound kernel needs, so those are converted
+// again from the raw chunk.
 template <typename T, int CHUNKS>
 __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -79,6 +112,8 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   }
   __syncthreads();  // s_amax initialised
 
+  constexpr bool kKeepFloats = CHUNKS <= 8;
+  [[maybe_unused]] float vals[kKeepFloats ? CHUNKS : 1][8];
   float local[8];
   #pragma unroll
   for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
@@ -89,6 +124,10 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
     if (c >= n_chunks || n0 + tok >= p.tokens) continue;
     float v[8];
     chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
+    if constexpr (kKeepFloats) {
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) vals[kKeepFloats ? i : 0][k] = v[k];
+    }
     float m = 0.f;
     #pragma unroll
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
@@ -119,15 +158,18 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
       const int gi = group_in_block(tok, p.groups_per_block);
       const float scale = fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor);
       float v[8];
-      chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
-      int8_t q[8];
-      #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        // IEEE division, as sageattention.reference does: the same int8 values bit for bit
-        const float r = fminf(fmaxf(rintf(__fdiv_rn(v[k], scale)), -127.f), 127.f);
-        q[k] = static_cast<int8_t>(r);
+      if constexpr (kKeepFloats) {
+        #pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = vals[kKeepFloats ? i : 0][k];
+      } else {
+        chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
       }
-      packed = *reinterpret_cast<const uint2*>(q);
+      const ExactDivisor div(scale);
+      uint32_t r[8];
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(div(v[k]));
+      packed = make_uint2(pack_low_bytes(r[0], r[1], r[2], r[3]),
+                          pack_low_bytes(r[4], r[5], r[6], r[7]));
     }
     *reinterpret_cast<uint2*>(out + tok * p.head_dim + d0) = packed;
   }
