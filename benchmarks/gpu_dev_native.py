@@ -17,6 +17,7 @@ import concurrent.futures
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,12 +32,13 @@ if PACKAGE_ROOT not in sys.path:
     sys.path.insert(0, PACKAGE_ROOT)
 
 
-def _child_build(family: str, build_dir: str, std: str, defines: str = "") -> None:
+def _child_build(family: str, build_dir: str, std: str, defines: str = "",
+                 csrc: str = str(ROOT / "csrc")) -> None:
     from torch.utils.cpp_extension import load
 
-    src = ROOT / "csrc" / family
+    src = Path(csrc) / family
     sources = sorted(glob.glob(str(src / "*.cu"))) + sorted(glob.glob(str(src / "*.cpp")))
-    includes = [str(ROOT / "csrc")]
+    includes = [csrc]
     import torch
 
     cu13 = Path(torch.__file__).parents[1] / "nvidia" / "cu13" / "include"
@@ -55,18 +57,19 @@ def _child_build(family: str, build_dir: str, std: str, defines: str = "") -> No
 
 
 def build(family: str, arch: str, std: str, build_root: Path, variant: str = "",
-          defines: str = "") -> Path:
+          defines: str = "", csrc: Path = ROOT / "csrc") -> Path:
     """Build one family for the arch list (TORCH_CUDA_ARCH_LIST syntax); return the copied .so.
 
-    A tuning variant (extra -D defines) is copied into a private copy of the package under
-    build_root/pkg_<variant> instead of the checkout.
+    A tuning variant (extra -D defines, or the sources of another csrc/ tree) is copied into a
+    private copy of the package under build_root/pkg_<variant> instead of the checkout.
     """
     build_dir = build_root / (f"{family}_{variant}" if variant else family)
     build_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TORCH_CUDA_ARCH_LIST=arch, MAX_JOBS=os.environ.get("MAX_JOBS", "16"))
     code = (
-        "import sys; sys.path.insert(0, %r); import gpu_dev_native as b; b._child_build(%r, %r, %r, %r)"
-        % (str(Path(__file__).parent), family, str(build_dir), std, defines)
+        "import sys; sys.path.insert(0, %r); import gpu_dev_native as b; "
+        "b._child_build(%r, %r, %r, %r, %r)"
+        % (str(Path(__file__).parent), family, str(build_dir), std, defines, str(csrc))
     )
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -98,6 +101,27 @@ KERNELS = {  # label -> (family, op, pv_accum_dtype)
     "sm80-fp16": ("sm80", "qk_int8_pv_fp16", "fp16"),
     "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
 }
+
+
+def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str, Path]]:
+    """--variant NAME=DEFINES and --variant-csrc NAME=DIR -> {name: (defines, csrc tree)}.
+
+    A name may take both; a variant without --variant-csrc builds this checkout's csrc/.
+    """
+    variants: dict[str, tuple[str, Path]] = {}
+    for spec in defines:
+        name, sep, value = spec.partition("=")
+        if not sep or not re.fullmatch(r"\w+", name):
+            raise ValueError(f"--variant {spec!r}: expected NAME=DEFINES (NAME: letters, digits, _)")
+        variants[name] = (value, variants.get(name, ("", ROOT / "csrc"))[1])
+    for spec in trees:
+        name, sep, value = spec.partition("=")
+        tree = Path(value).resolve()
+        if not sep or not re.fullmatch(r"\w+", name) or not (tree / "sm80").is_dir():
+            raise ValueError(f"--variant-csrc {spec!r}: expected NAME=DIR with DIR a csrc/ tree "
+                             "(DIR/sm80, DIR/common), e.g. from: git archive REV csrc | tar -x -C OUT")
+        variants[name] = (variants.get(name, ("", tree))[0], tree)
+    return variants
 
 
 def _kernel_fn(label, q, k, v, causal):
@@ -236,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also build the sm80 family with these -D defines (tile shapes, see "
                              "csrc/common/attn_dispatch.cuh), check it against the reference and "
                              "time it (fp16 cases); repeatable")
+    parser.add_argument("--variant-csrc", action="append", default=[], metavar="NAME=DIR",
+                        help="build variant NAME's sm80 family from the csrc/ tree DIR (another "
+                             "commit's kernels: git archive REV csrc | tar -x -C OUT, DIR=OUT/csrc; "
+                             "the Python side stays this checkout's, so the tree's ops must match "
+                             "its bindings); combines with --variant NAME=DEFINES; repeatable")
     args = parser.parse_args(argv)
     if not args.render and not args.family:
         parser.error("--family is required (or --render JSON)")
@@ -248,12 +277,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"families": args.family}
-    variants = dict(v.split("=", 1) for v in args.variant)
+    try:
+        variants = parse_variants(args.variant, args.variant_csrc)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.skip_build:
-        jobs = [(f, "", "") for f in args.family] + [("sm80", n, d) for n, d in variants.items()]
+        jobs = [(f, "", "", ROOT / "csrc") for f in args.family] + \
+               [("sm80", n, d, tree) for n, (d, tree) in variants.items()]
         with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            futures = {pool.submit(build, f, args.arch, args.std, Path(args.build_root), n, d): (f, n)
-                       for f, n, d in jobs}
+            futures = {pool.submit(build, f, args.arch, args.std, Path(args.build_root), n, d, t): (f, n)
+                       for f, n, d, t in jobs}
             for fut, (fam, name) in futures.items():
                 try:
                     fut.result()
@@ -296,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                                        cases, causals)
             (out / "native_dev.json").write_text(json.dumps(results, indent=1))
             _print_timing(results["timing"], labels)
-    for name, defines in variants.items():
+    for name, (defines, tree) in variants.items():
         if f"sm80 {name}" in results.get("build_errors", {}):
             continue
         vout = out / f"variant_{name}"
@@ -305,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
                                "--skip-tests", "--dtypes", "float16", "--out", str(vout),
                                "--cases", args.cases, "--causal", args.causal, "--labels", args.labels],
                               env=env, capture_output=True, text=True)
-        print(f"== variant {name}: {defines}")
+        source = "" if tree == ROOT / "csrc" else f" [csrc {tree}]"
+        print(f"== variant {name}: {defines}{source}")
         print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line
                         or "geomean" in line)[-3000:] or proc.stderr[-2000:])
-        results.setdefault("variants", {})[name] = {"defines": defines, "rc": proc.returncode}
+        results.setdefault("variants", {})[name] = {"defines": defines, "csrc": str(tree),
+                                                    "rc": proc.returncode}
     (out / "native_dev.json").write_text(json.dumps(results, indent=1))
     return 0
 

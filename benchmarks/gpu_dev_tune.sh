@@ -7,7 +7,9 @@
 #   VARIANTS=$'mt1=-DSAGE_HD64_MT=1 -DSAGE_HD64_WARPS=8\nqreg=-DSAGE_HD64_QREG=1' \
 #   CASES=4x32x4096x128,4x32x4096x64 LABELS=sm80-fp32 NCU=1 bash benchmarks/gpu_dev_tune.sh
 #
-# Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh), CASES,
+# Environment: OUT, VARIANTS (NAME=DEFINES lines, see csrc/common/attn_dispatch.cuh),
+# VARIANT_CSRC (NAME=DIR lines: build variant NAME from the csrc/ tree DIR, e.g. the kernels of
+# another commit for an A/B in one call: git archive REV csrc | tar -x -C DIR/..), CASES,
 # CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), FAMILIES (default sm80),
 # TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), DTYPES (default float16), PROFILE_CASES, NCU (1: run ncu on
 # PROFILE_CASES), NCU_LABEL, NCU_METRICS (extra ncu --metrics, e.g. the stall reasons:
@@ -21,6 +23,7 @@ CASES=${CASES:-4x32x4096x128,1x32x16384x128,4x32x4096x64,1x32x16384x64,8x32x1024
 PROFILE_CASES=${PROFILE_CASES:-4x32x4096x128 4x32x4096x64}
 variant_args=()
 while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant "$v"); done <<<"${VARIANTS:-}"
+while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant-csrc "$v"); done <<<"${VARIANT_CSRC:-}"
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
 # the mma.sync ceiling every native family lives under on this GPU

@@ -51,6 +51,22 @@ def test_render_needs_no_family_flag(tmp_path, capsys):
     assert out.read_text() == capsys.readouterr().out
 
 
+def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
+    native = _load("gpu_dev_native")
+    tree = tmp_path / "csrc"
+    (tree / "sm80").mkdir(parents=True)
+    variants = native.parse_variants(["a=-DX=1", "b=-DY=2 -DZ=3"], [f"b={tree}", f"c={tree}"])
+    assert variants == {"a": ("-DX=1", ROOT / "csrc"), "b": ("-DY=2 -DZ=3", tree.resolve()),
+                        "c": ("", tree.resolve())}
+    for bad in (["nodir"], [f"x={tmp_path}"], [f"={tree}"]):  # no '=', no sm80/ inside, no name
+        with pytest.raises(ValueError, match="--variant-csrc"):
+            native.parse_variants([], bad)
+    with pytest.raises(ValueError, match="--variant"):
+        native.parse_variants(["-DX=1"], [])  # a define without a variant name
+    with pytest.raises(SystemExit):  # the command line names the bad value and exits 2
+        native.main(["--family", "sm80", "--variant-csrc", f"x={tmp_path}"])
+
+
 def test_mma_peak_kernel_source_names_every_operand():
     peak = _load("gpu_dev_mma_peak")
     for ptx, na, nb, nc, ctype, _ in peak.SHAPES.values():
