@@ -14,6 +14,7 @@
 #include <cuda_fp8.h>
 
 #include "attn_params.h"
+#include "exact_div.h"
 
 namespace sage {
 
@@ -65,11 +66,10 @@ struct ExactDivisor {
   __device__ __forceinline__ explicit ExactDivisor(float scale) : b(scale) {
     float r0;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(scale));
-    r = fmaf(r0, fmaf(-scale, r0, 1.f), r0);
+    r = refine_reciprocal(scale, r0);
   }
   __device__ __forceinline__ float operator()(float a) const {
-    const float q = __fmul_rn(a, r);
-    return fmaf(r, fmaf(-b, q, a), q);
+    return quotient_from_reciprocal(a, b, r);
   }
 };
 // round(q) as the low byte of an int: adding 1.5 * 2^23 leaves the integer, rounded to nearest

@@ -1,0 +1,83 @@
+"""The INT8 quantization's division (csrc/common/exact_div.h) run on the host against IEEE division.
+
+The kernel computes round(v / scale) with one hardware reciprocal per scale and the quotient
+steps of exact_div.h instead of __fdiv_rn, claiming the same float, hence the same int8, for every
+scale and value the kernel sees (scale normal, |v / scale| <= 127). The hardware reciprocal is
+within 1 ulp of 1/scale; here it is emulated anywhere within 2 ulp. The GPU test
+(tests/gpu/test_native_sm80_sm89.py) checks the kernel itself against sageattention.reference.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include "exact_div.h"
+
+static float ulps(float x, int k) { uint32_t u; std::memcpy(&u, &x, 4); u += k; std::memcpy(&x, &u, 4); return x; }
+// The kernel's rounding: q + 1.5 * 2^23, low byte of the bit pattern, as int8.
+static int magic_round(float q) {
+  volatile float s = q + 12582912.f; float t = s; uint32_t u; std::memcpy(&u, &t, 4);
+  return (int)(int8_t)(u & 0xFF);
+}
+
+int main(int argc, char** argv) {
+  const long long trials = std::atoll(argv[1]);
+  std::mt19937_64 rng(12345);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> exp_b(-27, 119), off(-2, 2);
+  long long checked = 0, wrong_quotient = 0, wrong_int = 0;
+  for (long long i = 0; i < trials; ++i) {
+    const float b = std::ldexp((float)mant(rng), exp_b(rng));   // 7e-9 .. 1.3e36: the kernel's scales
+    const float amax = b * 127.f;
+    float a;
+    switch (i % 5) {
+      case 0: a = (float)(((double)(rng() % 127) + 0.5) * b); break;          // next to a tie
+      case 1: a = amax; break;                                              // the largest value
+      case 2: a = std::ldexp((float)mant(rng), std::ilogb(amax) - 140); break; // tiny, even subnormal
+      default: a = std::ldexp((float)mant(rng), std::ilogb(amax) - (int)(rng() % 30));
+    }
+    if (!(std::fabs(a) <= amax)) continue;
+    if (rng() & 1) a = -a;
+    const float r = sage::refine_reciprocal(b, ulps(1.f / b, off(rng)));
+    const float q = sage::quotient_from_reciprocal(a, b, r);
+    const float ieee = a / b;
+    ++checked;
+    if (q != ieee && !(std::fabs(ieee) < 0x1p-100f)) ++wrong_quotient;  // a tiny one rounds to 0 anyway
+    if (magic_round(q) != (int)std::nearbyint(ieee)) ++wrong_int;
+  }
+  std::printf("%lld %lld %lld\n", checked, wrong_quotient, wrong_int);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH (g++ or c++)")
+    folder = tmp_path_factory.mktemp("exact_div")
+    (folder / "driver.cpp").write_text(DRIVER)
+    exe = folder / "driver"
+    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-I", str(ROOT / "csrc" / "common"),
+                    str(folder / "driver.cpp"), "-o", str(exe)], check=True)
+    return exe
+
+
+def test_quotient_steps_equal_ieee_division_and_round_the_same(driver):
+    out = subprocess.run([str(driver), "3000000"], check=True, capture_output=True, text=True).stdout
+    checked, wrong_quotient, wrong_int = (int(x) for x in out.split())
+    assert checked > 2_500_000
+    assert wrong_quotient == 0
+    assert wrong_int == 0
