@@ -369,11 +369,12 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           if constexpr (kScoreBias != 0) {
             // Biased scores are positive floats (masked ones -inf): their bit patterns order
             // like the values, and sm_90 has a three-input integer max (half the instructions).
-            int mi = __float_as_int(-INFINITY);
+            int max_bits = __float_as_int(-INFINITY);
             #pragma unroll
             for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-              mi = __vimax3_s32(mi, __float_as_int(s[mt][j][2 * r]), __float_as_int(s[mt][j][2 * r + 1]));
-            mraw = __int_as_float(mi);
+              max_bits = __vimax3_s32(max_bits, __float_as_int(s[mt][j][2 * r]),
+                                      __float_as_int(s[mt][j][2 * r + 1]));
+            mraw = __int_as_float(max_bits);
           } else {
             #pragma unroll
             for (int j = 8 * sub; j < 8 * sub + 8; ++j)
