@@ -16,6 +16,7 @@ __all__ = [
     "FAMILY_BLOCK_SIZES",
     "PV_ACCUM_DTYPES",
     "QK_QUANT_GRANS",
+    "pv16_dtype",
     "quantize_int8",
     "sageattn_reference",
     "scale_group_ids",
@@ -120,6 +121,16 @@ def _accumulate(acc: torch.Tensor, p: torch.Tensor, v: torch.Tensor, chunk: int)
     return acc
 
 
+def pv16_dtype(v_dtype: torch.dtype, pv_accum_dtype: str) -> torch.dtype:
+    """The 16-bit type P and V take in FP16 PV on sm80+ (the sm80 family and the Triton kernels).
+
+    bfloat16 for a bfloat16 V with "fp32" accumulation: the mma takes bf16 operands and V keeps its
+    range (fp16 would turn |V| > 65504 into inf). float16 otherwise: the fp16-accumulating modes
+    need fp16 operands. Turing (the sm75 family) has no bf16 mma and always uses float16.
+    """
+    return torch.bfloat16 if v_dtype == torch.bfloat16 and pv_accum_dtype == "fp32" else torch.float16
+
+
 # V's per-channel amax maps here when P.V accumulates in fp16 inside a K block: a 64-key block then
 # sums to at most 64 * 448 * 2.25 = 64512 < 65504 (fp16's max). csrc/sm89/bindings.cpp uses the same.
 FP8_V_MAX_FP16_INNER = 2.25
@@ -135,7 +146,8 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
                        qk_quant_gran: str = "per_thread", smooth_k: bool = True, smooth_v: bool = False,
                        pv_dtype: str = "fp16", pv_accum_dtype: str = "fp32", blkq: int = 128,
                        blkk: int = 64, warpq: int = 32, return_lse: bool = False,
-                       fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float | None = None):
+                       fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float | None = None,
+                       pv16: torch.dtype | None = None):
     """Quantized attention exactly as the kernels compute it, in fp32 with fp16/e4m3 rounding emulated.
 
     q: `[B, Hq, Nq, D]` (HND) or `[B, Nq, Hq, D]` (NHD); k, v: the same with Hkv heads and Nk tokens,
@@ -146,6 +158,8 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to. By default
     (architecture.md) P * 448 and V's amax -> `fp8_v_max_for(pv_accum_dtype)`: 448, or 2.25 for the fp16
     inner accumulator of "fp32+fp16", which 448 * 448 > 65504 would overflow (pass 448 to see it).
+    pv16: the 16-bit type of P and V in FP16 PV; None: `pv16_dtype(v.dtype, pv_accum_dtype)` (sm80+).
+    The sm75 family passes torch.float16.
     Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
     log when return_lse.
     """
@@ -175,8 +189,13 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
 
     vm = vf.mean(dim=2, keepdim=True) if smooth_v else None
     v_s = vf - vm if smooth_v else vf
+    if pv16 is None:
+        pv16 = pv16_dtype(v.dtype, pv_accum_dtype)
+    if pv16 not in (torch.float16, torch.bfloat16) or (pv16 == torch.bfloat16 and pv_accum_dtype != "fp32"):
+        raise ValueError(f"pv16={pv16!r} is not accepted with pv_accum_dtype={pv_accum_dtype!r}; use "
+                         "torch.float16, or torch.bfloat16 with 'fp32' accumulation")
     if pv_dtype == "fp16":
-        v_q = v_s.half().float()
+        v_q = v_s.to(pv16).float()
         p_scale, v_scale = 1.0, None
     else:
         if fp8_v_max is None:
@@ -207,7 +226,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         p = torch.exp2(s - m_safe[..., None])
         row_sum = row_sum * alpha + p.sum(dim=-1)
         if pv_dtype == "fp16":
-            p_q = p.half().float()
+            p_q = p.to(pv16).float()
         else:
             p_q = (p * p_scale).to(torch.float8_e4m3fn).float()
         v_blk = v_q[:, :, j0:j1]

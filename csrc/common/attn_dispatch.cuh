@@ -61,4 +61,16 @@ cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t
   return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __nv_bfloat16>(p, stream);
 }
 
+// FP16-PV families ("fp32" accumulation): fp16 P.V for float16 inputs, bf16 P.V for bfloat16
+// (pv_in_bf16); the output has the inputs' dtype.
+template <int HEAD_DIM>
+cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t stream) {
+  using S = TileShape<HEAD_DIM>;
+  if (pv_in_bf16(dtype, PvAccum::kF32))
+    return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PvKind::kBf16, PvAccum::kF32,
+                       __nv_bfloat16>(p, stream);
+  return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PvKind::kFp16, PvAccum::kF32,
+                     __half>(p, stream);
+}
+
 }  // namespace sage

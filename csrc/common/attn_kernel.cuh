@@ -39,7 +39,10 @@
 
 namespace sage {
 
-enum class PvKind { kFp16, kFp8 };
+// P.V operands: fp16 P and V, bf16 P and V (bfloat16 V with fp32 accumulation: no conversion of V,
+// no fp16 overflow), or e4m3 P*448 and per-channel scaled e4m3 V^T.
+enum class PvKind { kFp16, kBf16, kFp8 };
+constexpr bool pv_is_16bit(PvKind k) { return k != PvKind::kFp8; }
 
 constexpr int kBlkK = 64;
 constexpr float kLn2 = 0.69314718055994530942f;
@@ -53,14 +56,21 @@ struct AttnTraits {
   static constexpr int kThreads = NWARPS * 32;
   // Rows padded by 16 bytes: 8 rows read by one ldmatrix land in 8 different bank groups.
   static constexpr int kQKStride = HEAD_DIM + 16;  // int8 Q/K rows
-  static constexpr int kVRows = PV == PvKind::kFp16 ? kIterK : HEAD_DIM;
-  static constexpr int kVStride = PV == PvKind::kFp16 ? HEAD_DIM * 2 + 16 : kIterK + 16;
+  static constexpr int kVRows = pv_is_16bit(PV) ? kIterK : HEAD_DIM;
+  static constexpr int kVStride = pv_is_16bit(PV) ? HEAD_DIM * 2 + 16 : kIterK + 16;
   static constexpr int kQBytes = kCtaQ * kQKStride;
   static constexpr int kKBytes = kIterK * kQKStride;
   static constexpr int kVBytes = kVRows * kVStride;
   static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes;
   static constexpr int kDTiles = HEAD_DIM / 8;  // n8 tiles of the output
 };
+
+// Two P values as the 16-bit A-fragment word of the P.V mma.
+template <PvKind PV>
+__device__ __forceinline__ uint32_t pack_p16(float lo, float hi) {
+  if constexpr (PV == PvKind::kBf16) return pack_bf16x2(lo, hi);
+  return pack_half2(lo, hi);
+}
 
 template <typename OutT>
 __device__ __forceinline__ uint32_t pack_out2(float a, float b);
@@ -116,6 +126,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kInnerF16 = ACC == PvAccum::kF16F32 || ACC == PvAccum::kF32F16;
   constexpr bool kInnerF32 = ACC == PvAccum::kF32F32;
   constexpr bool kAllF16 = ACC == PvAccum::kF16;
+  static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
+                "bf16 P.V has fp32 accumulators only (the fp16-accumulating mma takes fp16 operands)");
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
@@ -158,22 +170,22 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
                   ok ? src + i * kKRowsPerPass * HEAD_DIM : gK, ok);
     }
   };
-  // FP16 V: rows of HEAD_DIM halves from the caller's strides; FP8 V^T: HEAD_DIM rows of the
-  // padded token axis.
-  constexpr int kVRowChunks = PV == PvKind::kFp16 ? HEAD_DIM / 8 : kIterK / 16;
+  // 16-bit V (fp16 or bf16): rows of HEAD_DIM elements from the caller's strides; FP8 V^T:
+  // HEAD_DIM rows of the padded token axis.
+  constexpr int kVRowChunks = pv_is_16bit(PV) ? HEAD_DIM / 8 : kIterK / 16;
   constexpr int kVRowsPerPass = kThreads / kVRowChunks;
   static_assert(kThreads % kVRowChunks == 0 && Tr::kVRows % kVRowsPerPass == 0, "V copy tiling");
   const int v_row = tid / kVRowChunks, v_col = (tid % kVRowChunks) * 16;  // v_col in bytes
   const uint32_t v_dst = sV + v_row * Tr::kVStride + v_col;
-  [[maybe_unused]] const __half* v_base = nullptr;  // FP16 V: this (batch, head)
-  [[maybe_unused]] const __half* v_src = nullptr;   // FP16 V: this thread's first chunk
-  if constexpr (PV == PvKind::kFp16) {
+  [[maybe_unused]] const __half* v_base = nullptr;  // 16-bit V: this (batch, head); __half only
+  [[maybe_unused]] const __half* v_src = nullptr;   // sizes the steps. This thread's first chunk
+  if constexpr (pv_is_16bit(PV)) {
     v_base = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;
     v_src = v_base + v_row * p.v_sn + v_col / 2;
   }
   auto load_v = [&](int kb, int buf) {
     const uint32_t dst = v_dst + buf * Tr::kVBytes;
-    if constexpr (PV == PvKind::kFp16) {
+    if constexpr (pv_is_16bit(PV)) {
       const int64_t step = kVRowsPerPass * p.v_sn;
       const __half* src = v_src + static_cast<int64_t>(kb) * kIterK * p.v_sn;
       if ((kb + 1) * kIterK <= p.kv_len) {  // the whole block is inside the sequence
@@ -267,7 +279,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   const uint32_t k_ld = ((mi >> 1) * 8 + (lane & 7)) * Tr::kQKStride + (mi & 1) * 16;
   // V: FP16 (B of m16n8k16 via .trans): matrices = tokens 0-7/8-15 x dims 0-7/8-15;
   // FP8 V^T (B of m16n8k32): dims 0-7/8-15 x token bytes 0-15/16-31.
-  const uint32_t v_ld = PV == PvKind::kFp16
+  const uint32_t v_ld = pv_is_16bit(PV)
       ? ((mi & 1) * 8 + (lane & 7)) * Tr::kVStride + (mi >> 1) * 16
       : ((mi >> 1) * 8 + (lane & 7)) * Tr::kVStride + (mi & 1) * 16;
   uint32_t qf[QREG ? MT : 1][QREG ? HEAD_DIM / 32 : 1][4];
@@ -429,7 +441,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       }
 
     // ---- O += P V ----
-    if constexpr (PV == PvKind::kFp16) {
+    if constexpr (pv_is_16bit(PV)) {
       [[maybe_unused]] uint32_t inner[kInnerF16 ? MT : 1][kInnerF16 ? kDT : 1][2];
       if constexpr (kInnerF16) {
         #pragma unroll
@@ -442,10 +454,10 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         uint32_t pa[MT][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          pa[mt][0] = pack_half2(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-          pa[mt][1] = pack_half2(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-          pa[mt][2] = pack_half2(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-          pa[mt][3] = pack_half2(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+          pa[mt][0] = pack_p16<PV>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+          pa[mt][1] = pack_p16<PV>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+          pa[mt][2] = pack_p16<PV>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+          pa[mt][3] = pack_p16<PV>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
         }
         #pragma unroll
         for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
@@ -459,6 +471,9 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             } else if constexpr (kAllF16) {
               mma_m16n8k16_f16_f16(o16[mt][2 * dp], pa[mt], bv[0], bv[1]);
               mma_m16n8k16_f16_f16(o16[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+            } else if constexpr (PV == PvKind::kBf16) {
+              mma_m16n8k16_bf16_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
+              mma_m16n8k16_bf16_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
             } else {
               mma_m16n8k16_f16_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
               mma_m16n8k16_f16_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);

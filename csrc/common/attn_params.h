@@ -14,6 +14,13 @@ enum class QuantGran : int { kPerBlock = 0, kPerWarp = 1, kPerThread = 2 };
 // FP8 PV (sm89 family): kF32 ("fp32"), kF32F32 ("fp32+fp32"), kF32F16 ("fp32+fp16").
 enum class PvAccum : int { kF32 = 0, kF16F32 = 1, kF16 = 2, kF32F32 = 3, kF32F16 = 4 };
 
+// FP16-PV families: bfloat16 inputs with fp32 accumulation run P.V in bf16 on V as given (no
+// conversion pass, no fp16 overflow for |V| > 65504); the fp16-accumulating modes need fp16
+// operands, so bfloat16 V is converted to fp16 for them. Bindings and dispatch both ask this.
+inline bool pv_in_bf16(DType dtype, PvAccum accum) {
+  return dtype == DType::kBFloat16 && accum == PvAccum::kF32;
+}
+
 struct QuantInt8Params {
   const void* x;           // fp16/bf16, element strides below, last dim contiguous
   int64_t x_sb, x_sh, x_sn;

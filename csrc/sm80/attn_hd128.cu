@@ -7,7 +7,7 @@ namespace sage::sm80 {
 cudaError_t attn_hd128(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream) {
   switch (accum) {
     case PvAccum::kF32:
-      return launch_attn_dtype<128, PvKind::kFp16, PvAccum::kF32>(p, out_dtype, stream);
+      return launch_attn_pv16_f32<128>(p, out_dtype, stream);
     case PvAccum::kF16F32:
       return launch_attn_dtype<128, PvKind::kFp16, PvAccum::kF16F32>(p, out_dtype, stream);
     case PvAccum::kF16:

@@ -7,7 +7,7 @@ namespace sage::sm80 {
 cudaError_t attn_hd64(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream) {
   switch (accum) {
     case PvAccum::kF32:
-      return launch_attn_dtype<64, PvKind::kFp16, PvAccum::kF32>(p, out_dtype, stream);
+      return launch_attn_pv16_f32<64>(p, out_dtype, stream);
     case PvAccum::kF16F32:
       return launch_attn_dtype<64, PvKind::kFp16, PvAccum::kF16F32>(p, out_dtype, stream);
     case PvAccum::kF16:

@@ -38,8 +38,11 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::QuantizedQK qk = glue::quantize_qk(&sm80::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
-  // FP16 PV: bf16 V is converted to fp16 (docs/architecture.md).
-  const at::Tensor v16 = glue::vector_friendly(v.scalar_type() == at::kHalf ? v : v.to(at::kHalf));
+  // 16-bit PV: V as given when fp16, or bf16 with fp32 accumulation (pv_in_bf16); else bf16 V is
+  // converted to fp16 for the fp16-accumulating mma (docs/architecture.md).
+  const DType od = glue::dtype_of(q);
+  const bool v_as_given = v.scalar_type() == at::kHalf || pv_in_bf16(od, accum);
+  const at::Tensor v16 = glue::vector_friendly(v_as_given ? v : v.to(at::kHalf));
   const glue::View V = glue::view_of(v16, hnd);
 
   at::Tensor out = at::empty(q.sizes(), q.options());
@@ -50,7 +53,6 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   p.v = v16.data_ptr();
   p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const DType od = glue::dtype_of(q);
   const cudaError_t err =
       qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
   TORCH_CHECK(err == cudaSuccess, "sageattention_sm80 attention launch failed: ",

@@ -1,8 +1,8 @@
 """INT8-QK / FP16-PV attention kernel (dense batches), with causal and SDPA-style masks.
 
 Scores come out of the int8 dot already in the base-2 domain (the Q scale carries
-``sm_scale * log2(e)``); softmax is online over K blocks in fp32; P is cast to fp16 and multiplied
-by fp16 V with fp32 accumulation. ``mask.py`` turns an SDPA ``attn_mask`` into the strided view and
+``sm_scale * log2(e)``); softmax is online over K blocks in fp32; P is cast to V's dtype and
+multiplied by V (fp16 or bf16, as given) with fp32 accumulation. ``mask.py`` turns an SDPA ``attn_mask`` into the strided view and
 block map read here.
 """
 
@@ -79,6 +79,22 @@ def pick_config(head_dim_padded: int, is_causal: bool, has_mask: bool,
     return KernelConfig(64, 32, 4, 2)
 
 
+# Triton's CPU interpreter (TRITON_INTERPRET=1: the CPU tests) truncates fp32 -> bf16 and computes a
+# bf16 dot on raw bits; there P.V on a bfloat16 V runs in fp32 on P rounded to bf16 (nearest even),
+# which is what the GPU computes. Read at import, as Triton's own choice of interpreter is.
+_EMULATE_BF16_DOT = tl.constexpr(quant.interpreting())
+
+
+@triton.jit
+def _pv_dot(p, v, acc):
+    """acc + P @ V with P (fp32, in [0, 1]) rounded to V's 16-bit type (fp16 or bf16)."""
+    if _EMULATE_BF16_DOT and v.dtype == tl.bfloat16:
+        bits = p.to(tl.int32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return tl.dot(bits.to(tl.float32, bitcast=True), v.to(tl.float32), acc)
+    return tl.dot(p.to(v.dtype), v, acc)
+
+
 @triton.jit
 def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_n,
                n_keys, offs_m, offs_ml, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
@@ -152,7 +168,7 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
             v = tl.load(v_ptrs)
     else:
         v = tl.load(v_ptrs, mask=col_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    acc = tl.dot(p.to(tl.float16), v, acc)
+    acc = _pv_dot(p, v, acc)
     return acc, l_i, m_new
 
 
@@ -284,9 +300,8 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
 
     q8, q_scale, k8, k_scale, corr = quant.quantize_qk(q, k, sm_scale=sm_scale, smooth_k=smooth_k,
                                                        want_lse=return_lse)
-    v16 = v if v.dtype == torch.float16 else v.to(torch.float16)
-    if v16.stride(-1) != 1:
-        v16 = v16.contiguous()
+    # P.V runs in V's own 16-bit type (fp32 accumulation): a bfloat16 V keeps its range.
+    v16 = v if v.stride(-1) == 1 else v.contiguous()
 
     if out is None:
         out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)

@@ -76,9 +76,8 @@ def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
                                         pad_to=max(quant.BLKK, cfg.block_n), mean=k_mean)
     q8, q_scale = quant.quantize_varlen(q, cu_seqlens_q, max_seqlen_q, block=quant.BLKQ,
                                         pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E)
-    v16 = v if v.dtype == torch.float16 else v.to(torch.float16)
-    if v16.stride(-1) != 1:
-        v16 = v16.contiguous()
+    # P.V runs in V's own 16-bit type (fp32 accumulation): a bfloat16 V keeps its range.
+    v16 = v if v.stride(-1) == 1 else v.contiguous()
     out = torch.empty((total_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(max(max_seqlen_q, 1), cfg.block_m), n_heads, batch)
     _varlen_fwd_kernel[grid](
