@@ -13,7 +13,9 @@
 # CAUSAL (both|no|yes), LABELS (benchmarks/gpu_dev_native.py KERNELS), FAMILIES (default sm80),
 # TESTS (1: also run tests/gpu/test_native_sm80_sm89.py), DTYPES (default float16), PROFILE_CASES, NCU (1: run ncu on
 # PROFILE_CASES), NCU_LABEL, NCU_METRICS (extra ncu --metrics, e.g. the stall reasons:
-# regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio).
+# regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio), ARCH (TORCH_CUDA_ARCH_LIST
+# for every build, default 9.0; 9.0a for the wgmma variants: -DSAGE_WGMMA=1), VARIANT_TESTS (a
+# variant NAME: also run the sm80 tests of tests/gpu/test_native_sm80_sm89.py on its build).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -32,8 +34,13 @@ fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
   --dtypes "${DTYPES:-float16}" --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
-  --build-root /tmp/native_build --out "$OUT/native" "${variant_args[@]}" >"$OUT/native.log" 2>&1
+  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
+if [ -n "${VARIANT_TESTS:-}" ]; then
+  PYTHONPATH=/tmp/native_build/pkg_${VARIANT_TESTS} timeout "${LIMIT_VARIANT_TESTS:-200}" python3 -m pytest -q \
+    tests/gpu/test_native_sm80_sm89.py -k sm80 -p no:cacheprovider --tb=short -x >"$OUT/variant_tests.log" 2>&1
+  echo "variant ${VARIANT_TESTS} tests: exit $? ($(tail -n 1 "$OUT/variant_tests.log"))"
+fi
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null
 pcases=(); for c in $PROFILE_CASES; do pcases+=(--case "$c"); done
 timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \

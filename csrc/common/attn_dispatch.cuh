@@ -63,6 +63,29 @@ cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t
 
 // FP16-PV families ("fp32" accumulation): fp16 P.V for float16 inputs, bf16 P.V for bfloat16
 // (pv_in_bf16); the output has the inputs' dtype.
+#ifdef SAGE_WGMMA
+// Tuning build for sm_90a only (benchmarks/gpu_dev_native.py --arch 9.0a --variant
+// "wg=-DSAGE_WGMMA=1 ..."): the "fp32" mode runs on the wgmma kernel (attn_wgmma.cuh).
+#ifndef SAGE_WG_NWG
+#define SAGE_WG_NWG 1  // warpgroups (64 query rows each) per CTA
+#endif
+#ifndef SAGE_WG_N64
+#define SAGE_WG_N64 128  // keys per block, head dim 64
+#endif
+#ifndef SAGE_WG_N128
+#define SAGE_WG_N128 128  // keys per block, head dim 128
+#endif
+}  // namespace sage
+#include "attn_wgmma.cuh"
+namespace sage {
+template <int HEAD_DIM>
+cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t stream) {
+  constexpr int kN = HEAD_DIM == 64 ? SAGE_WG_N64 : SAGE_WG_N128;
+  if (pv_in_bf16(dtype, PvAccum::kF32))
+    return launch_attn_wgmma<HEAD_DIM, SAGE_WG_NWG, kN, PvKind::kBf16, __nv_bfloat16>(p, stream);
+  return launch_attn_wgmma<HEAD_DIM, SAGE_WG_NWG, kN, PvKind::kFp16, __half>(p, stream);
+}
+#else
 template <int HEAD_DIM>
 cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t stream) {
   using S = TileShape<HEAD_DIM>;
@@ -72,5 +95,6 @@ cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t 
   return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PvKind::kFp16, PvAccum::kF32,
                      __half>(p, stream);
 }
+#endif
 
 }  // namespace sage

@@ -1,0 +1,315 @@
+// INT8 QK^T + 16-bit PV attention on Hopper's warpgroup MMA (wgmma, sm_90a only).
+//
+// Same contract, inputs and quantization as attn_kernel.cuh (the sm80 family's INT8 Q/K with
+// per_block / per_warp / per_thread scales, K smoothing done by the caller, 16-bit V as given,
+// "fp32" accumulation): only the matrix products move from mma.sync to wgmma.
+//   - A CTA is NWG warpgroups; warpgroup w owns 64 query rows (warp i of it: rows 16i..16i+15,
+//     the same rows and register layout as one mma.sync m-tile, so per_thread/per_warp Q scales
+//     index exactly as in attn_kernel.cuh).
+//   - K/V walk in BLOCK_N-key blocks, double-buffered with cp.async into 1024-byte-aligned,
+//     XOR-swizzled shared memory in the canonical layouts wgmma reads through descriptors:
+//     Q and K K-major (rows of HEAD_DIM bytes, 128B swizzle for 128, 64B for 64); V MN-major
+//     (64-column atoms of 128 bytes, each its own block of BLOCK_N key rows, 128B swizzle).
+//   - S = Q K^T: wgmma m64nBLOCK_Nk32 s8 from shared memory. P (fp32 -> fp16/bf16) stays in
+//     registers: the S accumulator fragments of two n8 tiles are the A fragment of
+//     wgmma m64nHEAD_DIMk16 (A from registers), B = V tile (imm-trans-b: N contiguous).
+//   - Each warpgroup waits for its own wgmma groups; a CTA barrier per K block guards the buffers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attn_kernel.cuh"
+#include "wgmma_ops.cuh"
+
+namespace sage {
+
+namespace wg {
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are ROW_BYTES
+// (64 or 128) long: the hardware XORs address bits [4, 7) with bits [7, 10) (128B swizzle) or
+// bits [4, 6) with [7, 9) (64B swizzle); tiles start 1024-byte aligned.
+template <int ROW_BYTES>
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  static_assert(ROW_BYTES == 64 || ROW_BYTES == 128, "64B or 128B rows");
+  const uint32_t off = static_cast<uint32_t>(row * ROW_BYTES + chunk * 16);
+  constexpr uint32_t kMask = ROW_BYTES / 16 - 1;
+  return off ^ (((off >> 7) & kMask) << 4);
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading / stride byte offsets (16-byte
+// units), swizzle mode (1: 128B, 2: 64B).
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo,
+                                              uint32_t swizzle) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
+         (static_cast<uint64_t>(swizzle) << 62);
+}
+
+template <int N>
+__device__ __forceinline__ void qk_wgmma(int32_t (&s)[N / 2], uint64_t da, uint64_t db, int acc) {
+  if constexpr (N == 64) wgmma_m64n64k32_s8(s, da, db, acc);
+  else wgmma_m64n128k32_s8(s, da, db, acc);
+}
+
+template <int N, PvKind PV>
+__device__ __forceinline__ void pv_wgmma(float (&o)[N / 2], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (N == 64) {
+    if constexpr (PV == PvKind::kBf16) wgmma_m64n64k16_bf16_rs(o, a, db);
+    else wgmma_m64n64k16_f16_rs(o, a, db);
+  } else {
+    if constexpr (PV == PvKind::kBf16) wgmma_m64n128k16_bf16_rs(o, a, db);
+    else wgmma_m64n128k16_f16_rs(o, a, db);
+  }
+}
+
+}  // namespace wg
+
+template <int HEAD_DIM, int NWG, int BLOCK_N>
+struct WgmmaTraits {
+  static constexpr int kThreads = NWG * 128;
+  static constexpr int kCtaQ = NWG * 64;
+  static constexpr int kQBytes = kCtaQ * HEAD_DIM;
+  static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
+  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * 2;  // HEAD_DIM / 64 atoms x BLOCK_N x 128 B
+  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes + 1024;  // + alignment
+  static constexpr uint32_t kQKSwizzle = HEAD_DIM == 128 ? 1 : 2;  // 128B or 64B
+  static constexpr uint32_t kQKSbo = 8 * HEAD_DIM;                // 8 rows of HEAD_DIM bytes
+  static_assert(kCtaQ <= 128 && 128 % kCtaQ == 0, "CTA rows must divide the 128-token Q padding");
+  static_assert(BLOCK_N == 64 || BLOCK_N == 128, "64- or 128-key blocks");
+  static_assert((BLOCK_N * HEAD_DIM / 16) % kThreads == 0 && (BLOCK_N * HEAD_DIM / 8) % kThreads == 0 &&
+                (kCtaQ * HEAD_DIM / 16) % kThreads == 0, "copy tiling");
+};
+
+template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
+__global__ void __launch_bounds__(NWG * 128, 1) attn_wgmma_kernel(const AttnParams p) {
+#if defined(SAGE_HAS_WGMMA)
+  using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
+  constexpr int kThreads = Tr::kThreads;
+  constexpr int kCtaQ = Tr::kCtaQ;
+  constexpr int kNT = BLOCK_N / 8;   // n8 tiles of S
+  constexpr int kDT = HEAD_DIM / 8;  // n8 tiles of O
+  constexpr int kSub = BLOCK_N / kBlkK;  // 64-token K scale blocks per K block
+  static_assert(pv_is_16bit(PV), "16-bit P.V");
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t s0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sQ = s0;
+  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sV = sK + 2 * Tr::kKBytes;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wgi = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q0 = qblk * kCtaQ;
+  const int hkv = h / (p.q_heads / p.kv_heads);
+  const int64_t bh = static_cast<int64_t>(b) * p.q_heads + h;
+  const int64_t bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
+
+  int n_kblocks = (p.kv_len + BLOCK_N - 1) / BLOCK_N;
+  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + BLOCK_N - 1) / BLOCK_N);
+
+  const int8_t* gQ = p.q + (bh * p.q_pad + q0) * HEAD_DIM;
+  const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
+  const __half* gV = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;  // 16-bit
+
+  // ---- async copies into the swizzled layouts ----
+  constexpr int kQKChunks = HEAD_DIM / 16;  // 16-byte chunks per int8 row
+  constexpr int kVChunks = HEAD_DIM / 8;    // per 16-bit V row
+  auto load_k = [&](int kb, int buf) {
+    const uint32_t dst = sK + buf * Tr::kKBytes;
+    #pragma unroll
+    for (int i = 0; i < BLOCK_N * kQKChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads, r = c / kQKChunks, ch = c % kQKChunks;
+      const int tok = kb * BLOCK_N + r;
+      const bool ok = tok < p.k_pad;  // K is padded to 64 tokens (zeros past kv_len)
+      cp_async_16(dst + wg::swizzled<HEAD_DIM>(r, ch),
+                  ok ? gK + static_cast<int64_t>(tok) * HEAD_DIM + ch * 16 : gK, ok);
+    }
+  };
+  auto load_v = [&](int kb, int buf) {
+    const uint32_t dst = sV + buf * Tr::kVBytes;
+    #pragma unroll
+    for (int i = 0; i < BLOCK_N * kVChunks / kThreads; ++i) {
+      const int c = tid + i * kThreads, r = c / kVChunks, ch = c % kVChunks;
+      const int tok = kb * BLOCK_N + r;
+      const bool ok = tok < p.kv_len;  // zero-fill past the end: P is 0 there, V must not be NaN
+      cp_async_16(dst + (ch / 8) * (BLOCK_N * 128) + wg::swizzled<128>(r, ch % 8),
+                  ok ? gV + static_cast<int64_t>(tok) * p.v_sn + ch * 8 : gV, ok);
+    }
+  };
+  #pragma unroll
+  for (int i = 0; i < kCtaQ * kQKChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads, r = c / kQKChunks, ch = c % kQKChunks;
+    cp_async_16(sQ + wg::swizzled<HEAD_DIM>(r, ch), gQ + r * HEAD_DIM + ch * 16, true);
+  }
+  load_k(0, 0);
+  load_v(0, 0);
+  cp_async_commit();
+
+  // ---- per-thread state: rows row0 + g and row0 + g + 8 ----
+  const int wrow0 = wgi * 64 + wq * 16;  // inside the CTA
+  float qs;
+  {
+    const int row0 = q0 + wrow0;
+    int idx;
+    if (p.gran == QuantGran::kPerThread) idx = (row0 / 32) * 8 + g;
+    else if (p.gran == QuantGran::kPerWarp) idx = row0 / 32;
+    else idx = row0 / 128;
+    qs = p.q_scale[bh * p.q_groups + idx];
+  }
+  const bool k_per_thread = p.gran == QuantGran::kPerThread;
+  const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
+  const int ks_step = k_per_thread ? 4 : 1;
+
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[HEAD_DIM / 2];
+  #pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+
+  const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, Tr::kQKSbo, Tr::kQKSwizzle);
+  const int last_row_wg = q0 + wgi * 64 + 63;  // causal: blocks past it are fully masked here
+
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    cp_async_wait<0>();
+    fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
+    __syncthreads();           // also: every warpgroup is done with the other buffer
+    if (kb + 1 < n_kblocks) {
+      load_k(kb + 1, (kb + 1) & 1);
+      load_v(kb + 1, (kb + 1) & 1);
+      cp_async_commit();
+    }
+    const int k0 = kb * BLOCK_N;
+    if (p.causal && k0 > last_row_wg) continue;  // uniform per warpgroup
+
+    // ---- S = Q K^T ----
+    int32_t s_i[BLOCK_N / 2];
+    const uint64_t desc_k = wg::make_desc(sK + (kb & 1) * Tr::kKBytes, 16, Tr::kQKSbo, Tr::kQKSwizzle);
+    wgmma_fence();
+    #pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
+      wg::qk_wgmma<BLOCK_N>(s_i, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);  // +32 bytes along d
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(s_i);
+
+    // ---- dequantize, mask, online softmax (base 2) ----
+    float dq[kSub];
+    #pragma unroll
+    for (int sub = 0; sub < kSub; ++sub) {
+      const int blk = kb * kSub + sub;
+      dq[sub] = qs * (blk < p.k_pad / kBlkK ? ks_src[blk * ks_step] : 1.f);
+    }
+    const bool need_mask = (k0 + BLOCK_N > p.kv_len) ||
+                           (p.causal && k0 + BLOCK_N - 1 > q0 + wrow0);
+    float s[BLOCK_N / 2];
+    int limit[2];
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = q0 + wrow0 + g + 8 * r;
+      limit[r] = (p.causal ? min(p.kv_len, row + 1) : p.kv_len) - (k0 + 2 * t);
+    }
+    #pragma unroll
+    for (int j = 0; j < kNT; ++j)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = static_cast<float>(s_i[4 * j + e]) * dq[j / 8];
+        if (need_mask && j * 8 + (e & 1) >= limit[e >> 1]) v = -INFINITY;
+        s[4 * j + e] = v;
+      }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+      #pragma unroll
+      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[r], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
+      const float alpha = fast_exp2(m_run[r] - m_use);
+      m_run[r] = m_new;
+      float rowsum = 0.f;
+      #pragma unroll
+      for (int j = 0; j < kNT; ++j)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = fast_exp2(s[4 * j + 2 * r + e] - m_use);
+          s[4 * j + 2 * r + e] = pv;
+          rowsum += pv;
+        }
+      l_run[r] = l_run[r] * alpha + rowsum;
+      #pragma unroll
+      for (int j = 0; j < kDT; ++j) {
+        o[4 * j + 2 * r] *= alpha;
+        o[4 * j + 2 * r + 1] *= alpha;
+      }
+    }
+
+    // ---- O += P V ----
+    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
+    uint32_t pa[BLOCK_N / 16][4];
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+      pa[kc][0] = pack_p16<PV>(s[8 * kc + 0], s[8 * kc + 1]);
+      pa[kc][1] = pack_p16<PV>(s[8 * kc + 2], s[8 * kc + 3]);
+      pa[kc][2] = pack_p16<PV>(s[8 * kc + 4], s[8 * kc + 5]);
+      pa[kc][3] = pack_p16<PV>(s[8 * kc + 6], s[8 * kc + 7]);
+    }
+    wgmma_fence();
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      wg::pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);  // +16 key rows of 128 bytes
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(o);
+  }
+
+  // ---- epilogue: O / l, LSE ----
+  OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = q0 + wrow0 + g + 8 * r;
+    if (row >= p.q_len) continue;
+    const float inv = 1.f / l;
+    OutT* orow = out + row * p.o_sn;
+    #pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      const int d = j * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(orow + d) =
+          pack_out2<OutT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (p.lse && t == 0) {
+      const float m = m_run[r] == -INFINITY ? 0.f : m_run[r];
+      p.lse[bh * p.q_len + row] = (log2f(l) + m) * kLn2;
+    }
+  }
+#else
+  __trap();  // built without sm_90a: the launcher never selects this kernel
+#endif
+}
+
+template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
+cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
+  using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
+  auto kernel = attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>;
+  static bool configured[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev >= 64 || !configured[dev]) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    if (dev < 64) configured[dev] = true;
+  }
+  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace sage
