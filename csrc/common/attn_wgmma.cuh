@@ -249,7 +249,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_wgmma_kernel(const AttnPara
     }
 
     // ---- O += P V ----
+#ifdef SAGE_WG_VSWAP  // tuning probe: the MN-major atom / 8-row-group strides the other way round
+    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, 1024, BLOCK_N * 128, 1);
+#else
     const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
+#endif
     uint32_t pa[BLOCK_N / 16][4];
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
