@@ -82,8 +82,11 @@ struct WgmmaTraits {
                 (kCtaQ * HEAD_DIM / 16) % kThreads == 0, "copy tiling");
 };
 
+#ifndef SAGE_WG_MINB
+#define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
+#endif
 template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
-__global__ void __launch_bounds__(NWG * 128, 1) attn_wgmma_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(const AttnParams p) {
 #if defined(SAGE_HAS_WGMMA)
   using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
   constexpr int kThreads = Tr::kThreads;
@@ -171,41 +174,53 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_wgmma_kernel(const AttnPara
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
 
   const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, Tr::kQKSbo, Tr::kQKSwizzle);
-  const int last_row_wg = q0 + wgi * 64 + 63;  // causal: blocks past it are fully masked here
-
-  for (int kb = 0; kb < n_kblocks; ++kb) {
-    cp_async_wait<0>();
-    fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
-    __syncthreads();           // also: every warpgroup is done with the other buffer
-    if (kb + 1 < n_kblocks) {
-      load_k(kb + 1, (kb + 1) & 1);
-      load_v(kb + 1, (kb + 1) & 1);
-      cp_async_commit();
-    }
-    const int k0 = kb * BLOCK_N;
-    if (p.causal && k0 > last_row_wg) continue;  // uniform per warpgroup
-
-    // ---- S = Q K^T ----
-    int32_t s_i[BLOCK_N / 2];
-    const uint64_t desc_k = wg::make_desc(sK + (kb & 1) * Tr::kKBytes, 16, Tr::kQKSbo, Tr::kQKSwizzle);
-    wgmma_fence();
+  auto issue_qk = [&](int32_t (&acc)[BLOCK_N / 2], int kb) {
+    // Accumulators start at kScoreBias: the scores come out as the floats 1.5*2^23 + S.
     #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
-      wg::qk_wgmma<BLOCK_N>(s_i, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);  // +32 bytes along d
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_pin(s_i);
+    for (int i = 0; i < BLOCK_N / 2; ++i) acc[i] = kScoreBias;
+    const uint64_t desc_k = wg::make_desc(sK + (kb & 1) * Tr::kKBytes, 16, Tr::kQKSbo, Tr::kQKSwizzle);
+    #pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 32; ++kk)  // +32 bytes along d per step
+      wg::qk_wgmma<BLOCK_N>(acc, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+  };
+  auto issue_pv = [&](const uint32_t (&pa)[BLOCK_N / 16][4], int kb) {
+#ifdef SAGE_WG_VSWAP  // tuning probe: the MN-major atom / 8-row-group strides the other way round
+    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, 1024, BLOCK_N * 128, 1);
+#else
+    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
+#endif
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      wg::pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);  // +16 key rows of 128 bytes
+  };
 
-    // ---- dequantize, mask, online softmax (base 2) ----
+  // Pipeline (one warpgroup's view): S_{j+1} = Q K_{j+1} and O += P_j V_j are issued together;
+  // the softmax of S_{j+1} then runs while P_j V_j is still on the tensor cores. K is copied two
+  // blocks ahead, V one.
+  if (n_kblocks > 1) load_k(1, 1);
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_smem();
+  __syncthreads();
+  int32_t s_i[BLOCK_N / 2];
+  wgmma_fence();
+  issue_qk(s_i, 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(s_i);
+
+  uint32_t pa[BLOCK_N / 16][4];
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    // ---- softmax of S_kb (base 2) while P_{kb-1} V_{kb-1} runs ----
     float dq[kSub];
     #pragma unroll
     for (int sub = 0; sub < kSub; ++sub) {
       const int blk = kb * kSub + sub;
       dq[sub] = qs * (blk < p.k_pad / kBlkK ? ks_src[blk * ks_step] : 1.f);
     }
-    const bool need_mask = (k0 + BLOCK_N > p.kv_len) ||
-                           (p.causal && k0 + BLOCK_N - 1 > q0 + wrow0);
-    float s[BLOCK_N / 2];
+    const int k0 = kb * BLOCK_N;
+    const bool need_mask = (k0 + BLOCK_N > p.kv_len) || (p.causal && k0 + BLOCK_N - 1 > q0 + wrow0);
+    float sf[BLOCK_N / 2];
     int limit[2];
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -216,60 +231,98 @@ __global__ void __launch_bounds__(NWG * 128, 1) attn_wgmma_kernel(const AttnPara
     for (int j = 0; j < kNT; ++j)
       #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float v = static_cast<float>(s_i[4 * j + e]) * dq[j / 8];
+        float v = score_to_f32(s_i[4 * j + e]);
         if (need_mask && j * 8 + (e & 1) >= limit[e >> 1]) v = -INFINITY;
-        s[4 * j + e] = v;
+        sf[4 * j + e] = v;
       }
+    float alpha[2];
+    uint32_t pn[BLOCK_N / 16][4];
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float mx = -INFINITY;
       #pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      for (int sub = 0; sub < kSub; ++sub) {
+        float mraw;
+        if constexpr (kScoreBias != 0) {
+          // biased scores are positive floats (masked: -inf): their bits order like the values
+          int max_bits = __float_as_int(-INFINITY);
+          #pragma unroll
+          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+            max_bits = __vimax3_s32(max_bits, __float_as_int(sf[4 * j + 2 * r]),
+                                    __float_as_int(sf[4 * j + 2 * r + 1]));
+          mraw = __int_as_float(max_bits);
+        } else {
+          mraw = -INFINITY;
+          #pragma unroll
+          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+            mraw = fmaxf(mraw, fmaxf(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]));
+        }
+        mraw -= kScoreBiasF;  // exact (an integer below 2^24), or -inf
+        mx = sub == 0 ? mraw * dq[sub] : fmaxf(mx, mraw * dq[sub]);
+      }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m_run[r], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
-      const float alpha = fast_exp2(m_run[r] - m_use);
+      alpha[r] = fast_exp2(m_run[r] - m_use);
       m_run[r] = m_new;
+      float neg_c[kSub];  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
+      #pragma unroll
+      for (int sub = 0; sub < kSub; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, dq[sub], m_use);
       float rowsum = 0.f;
       #pragma unroll
       for (int j = 0; j < kNT; ++j)
         #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pv = fast_exp2(s[4 * j + 2 * r + e] - m_use);
-          s[4 * j + 2 * r + e] = pv;
+          const float pv = fast_exp2(fmaf(sf[4 * j + 2 * r + e], dq[j / 8], neg_c[j / 8]));
+          sf[4 * j + 2 * r + e] = pv;
           rowsum += pv;
         }
-      l_run[r] = l_run[r] * alpha + rowsum;
-      #pragma unroll
-      for (int j = 0; j < kDT; ++j) {
-        o[4 * j + 2 * r] *= alpha;
-        o[4 * j + 2 * r + 1] *= alpha;
-      }
+      l_run[r] = l_run[r] * alpha[r] + rowsum;
     }
-
-    // ---- O += P V ----
-#ifdef SAGE_WG_VSWAP  // tuning probe: the MN-major atom / 8-row-group strides the other way round
-    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, 1024, BLOCK_N * 128, 1);
-#else
-    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
-#endif
-    uint32_t pa[BLOCK_N / 16][4];
+    // P's A fragments: n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15 (mma.m16n8k16 A layout)
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-      pa[kc][0] = pack_p16<PV>(s[8 * kc + 0], s[8 * kc + 1]);
-      pa[kc][1] = pack_p16<PV>(s[8 * kc + 2], s[8 * kc + 3]);
-      pa[kc][2] = pack_p16<PV>(s[8 * kc + 4], s[8 * kc + 5]);
-      pa[kc][3] = pack_p16<PV>(s[8 * kc + 6], s[8 * kc + 7]);
+      pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
+      pn[kc][1] = pack_p16<PV>(sf[8 * kc + 2], sf[8 * kc + 3]);
+      pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
+      pn[kc][3] = pack_p16<PV>(sf[8 * kc + 6], sf[8 * kc + 7]);
     }
-    wgmma_fence();
-    #pragma unroll
-    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
-      wg::pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);  // +16 key rows of 128 bytes
-    wgmma_commit();
+
+    // ---- P_{kb-1} V_{kb-1} done: rescale O, hand over the buffers ----
     wgmma_wait<0>();
     wgmma_pin(o);
+    #pragma unroll
+    for (int j = 0; j < kDT; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
+    cp_async_wait<0>();
+    fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
+    __syncthreads();           // V_kb and K_{kb+1} landed; every warpgroup is past P V_{kb-1}, S_kb
+    if (kb + 1 < n_kblocks) load_v(kb + 1, (kb + 1) & 1);
+    if (kb + 2 < n_kblocks) load_k(kb + 2, kb & 1);
+    cp_async_commit();
+
+    // ---- issue S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb ----
+    // The last block issues an unused S too (on the other K buffer's stale tile): no branch around
+    // the wgmma groups, which ptxas would otherwise serialize.
+    wgmma_fence();
+    issue_qk(s_i, kb + 1);
+    wgmma_commit();
+    issue_pv(pa, kb);
+    wgmma_commit();
+    wgmma_wait<1>();  // S_{kb+1} ready; P_kb V_kb may still run
+    wgmma_pin(s_i);
   }
+  wgmma_wait<0>();
+  wgmma_pin(o);
 
   // ---- epilogue: O / l, LSE ----
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
