@@ -1,7 +1,9 @@
 // Attention for Turing: S = Q K^T with INT8 mma.sync m8n8k16, online base-2
 // softmax in fp32, O += P V with fp16 mma.sync m16n8k8 and fp32 accumulators.
-// One warp owns kWarpQ = 16 query rows (one Q scale); the block walks K/V in
-// blocks of kBlockK = 32 keys (one K scale each), double-buffered in shared memory.
+// One warp owns kWarpQ = 16 query rows; the block walks K/V in blocks of kBlockK = 32 keys,
+// double-buffered in shared memory. Each thread reads one Q scale and one K scale per block:
+// per_warp, the warp's and the block's; per_thread, those of its rows g, g + 8 and of its key
+// columns 2t, 2t + 1 (launchers.h, QuantGran).
 #include <cstdint>
 
 #include "elem_sm75.cuh"
@@ -17,15 +19,17 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 struct AttnArgs {
   const int8_t* q;       // [B, Hq, q_pad, D]
-  const float* q_scale;  // [B, Hq, q_pad / 16], includes sm_scale * log2(e)
+  const float* q_scale;  // [B, Hq, q_pad / 16 * q_groups], includes sm_scale * log2(e)
   const int8_t* k;       // [B, Hkv, kv_pad, D]
-  const float* k_scale;  // [B, Hkv, kv_pad / 32]
+  const float* k_scale;  // [B, Hkv, kv_pad / 32 * k_groups]
   const __half* vt;      // [B, Hkv, D, kv_pad]
   void* out;
   int64_t out_sb, out_sh, out_sn;
   float* lse;             // [B, Hq, q_len] or nullptr
   const float* lse_corr;  // [B, Hq, q_pad] or nullptr
   int q_heads, kv_heads, q_len, kv_len, q_pad, kv_pad;
+  int q_groups;  // Q scales per warp's 16 rows: 1 (per_warp) or 8 (per_thread, one per g)
+  int k_groups;  // K scales per 32-key block: 1 (per_warp) or 4 (per_thread, one per t)
 };
 
 template <int D>
@@ -100,8 +104,10 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnArgs a) {
       qf[kk][hh] = *reinterpret_cast<const uint32_t*>(qw + (hh * 8 + g) * D + kk * 16 + 4 * t);
     }
   }
-  const float q_scale = a.q_scale[bh * (a.q_pad / kWarpQ) + wq0 / kWarpQ];
-  const float* k_scale = a.k_scale + bhk * (a.kv_pad / kBlockK);
+  const float q_scale =
+      a.q_scale[(bh * (a.q_pad / kWarpQ) + wq0 / kWarpQ) * a.q_groups + (a.q_groups > 1 ? g : 0)];
+  const float* k_scale =
+      a.k_scale + bhk * (a.kv_pad / kBlockK) * a.k_groups + (a.k_groups > 1 ? t : 0);
   const int8_t* kg = a.k + bhk * a.kv_pad * D;
   const __half* vg = a.vt + bhk * D * a.kv_pad;
 
@@ -143,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnArgs a) {
         }
       }
 
-      const float sc = q_scale * k_scale[blk];
+      const float sc = q_scale * k_scale[blk * a.k_groups];
       const bool need_mask = (k0 + kBlockK > a.kv_len) || (CAUSAL && k0 + kBlockK - 1 > wq0);
       float s[4][2][2];
 #pragma unroll
@@ -255,6 +261,8 @@ cudaError_t launch_attention(const Problem& p, const TensorRef& out, float* lse,
   a.kv_len = p.kv_len;
   a.q_pad = static_cast<int>(padded_q_len(p.q_len));
   a.kv_pad = static_cast<int>(padded_kv_len(p.kv_len));
+  a.q_groups = q_scales_per_warp(p.qk_quant_gran);
+  a.k_groups = k_scales_per_block(p.qk_quant_gran);
   const dim3 grid(a.q_pad / kCtaQ, p.q_heads, p.batch);
   return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
     if (p.is_causal) {
@@ -272,6 +280,9 @@ cudaError_t qk_int8_pv_fp16(const Problem& p, const TensorRef& q, const TensorRe
   if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
   if (p.kv_heads <= 0 || p.q_heads % p.kv_heads != 0) return cudaErrorInvalidValue;
   if (p.q_len <= 0 || p.kv_len <= 0 || p.batch <= 0) return cudaErrorInvalidValue;
+  if (p.qk_quant_gran != QuantGran::kPerWarp && p.qk_quant_gran != QuantGran::kPerThread) {
+    return cudaErrorInvalidValue;
+  }
   cudaError_t err = cudaSuccess;
   if (p.smooth_k && (err = launch_k_mean(p, k, ws, stream)) != cudaSuccess) return err;
   if ((err = launch_quantize_q(p, q, ws, stream)) != cudaSuccess) return err;

@@ -47,13 +47,23 @@ void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
               " must be contiguous (stride 1), got stride ", t.stride(3));
 }
 
+QuantGran parse_gran(const std::string& g) {
+  if (g == "per_thread") return QuantGran::kPerThread;
+  if (g == "per_warp") return QuantGran::kPerWarp;
+  TORCH_CHECK(false, "sageattention_sm75: qk_quant_gran must be 'per_thread' or 'per_warp', got '", g,
+              "'");
+  return QuantGran::kPerThread;
+}
+
 std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, const at::Tensor& k,
                                                         const at::Tensor& v,
                                                         const std::string& tensor_layout,
                                                         bool is_causal, double sm_scale,
+                                                        const std::string& qk_quant_gran,
                                                         bool smooth_k, bool return_lse) {
   TORCH_CHECK(tensor_layout == "HND" || tensor_layout == "NHD",
               "sageattention_sm75: tensor_layout must be 'HND' or 'NHD', got '", tensor_layout, "'");
+  const QuantGran gran = parse_gran(qk_quant_gran);
   check_input(q, "q", q);
   check_input(k, "k", q);
   check_input(v, "v", q);
@@ -85,6 +95,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   p.head_dim = static_cast<int>(sq.d);
   p.dtype = q.scalar_type() == at::kHalf ? ElemType::kFloat16 : ElemType::kBFloat16;
   p.sm_scale = static_cast<float>(sm_scale);
+  p.qk_quant_gran = gran;
   p.is_causal = is_causal;
   p.smooth_k = smooth_k;
   p.return_lse = return_lse;
@@ -93,9 +104,9 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   const auto i8 = q.options().dtype(at::kChar);
   const int64_t q_pad = padded_q_len(sq.n), kv_pad = padded_kv_len(sk.n);
   at::Tensor q_int8 = at::empty({sq.b, sq.h, q_pad, sq.d}, i8);
-  at::Tensor q_scale = at::empty({sq.b, sq.h, q_pad / kWarpQ}, f32);
+  at::Tensor q_scale = at::empty({sq.b, sq.h, q_scale_count(sq.n, gran)}, f32);
   at::Tensor k_int8 = at::empty({sk.b, sk.h, kv_pad, sk.d}, i8);
-  at::Tensor k_scale = at::empty({sk.b, sk.h, kv_pad / kBlockK}, f32);
+  at::Tensor k_scale = at::empty({sk.b, sk.h, k_scale_count(sk.n, gran)}, f32);
   at::Tensor v_t = at::empty({sv.b, sv.h, sv.d, kv_pad}, q.options().dtype(at::kHalf));
   at::Tensor k_mean_part, k_mean, lse_corr;
   if (smooth_k) {
@@ -130,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
 TORCH_LIBRARY(sageattention_sm75, m) {
   m.def(
       "qk_int8_pv_fp16(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
-      "float sm_scale, bool smooth_k, bool return_lse) -> (Tensor, Tensor)");
+      "float sm_scale, str qk_quant_gran, bool smooth_k, bool return_lse) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(sageattention_sm75, CUDA, m) {

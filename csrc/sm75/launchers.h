@@ -9,18 +9,35 @@
 
 namespace sageattention_sm75 {
 
-// Quantization granularity of this family (docs/architecture.md, per_warp on sm75).
-constexpr int kWarpQ = 16;    // query tokens per Q scale (one warp's rows)
-constexpr int kBlockK = 32;   // key tokens per K scale
+// Block sizes of this family (docs/architecture.md, "Granularity"; sageattention.reference's
+// FAMILY_BLOCK_SIZES["sm75"]).
+constexpr int kWarpQ = 16;    // query tokens per warp (one m16 tile of S)
+constexpr int kBlockK = 32;   // key tokens per K block
 constexpr int kCtaQ = 64;     // query tokens per thread block (4 warps)
 constexpr int kMeanChunk = 256;  // key tokens per partial sum of the K mean
 
 enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
 
+// Which tokens share one INT8 scale. per_warp: the kWarpQ rows of a warp (Q), the kBlockK keys of
+// a block (K). per_thread: what one mma thread (lane = 4g + t) holds, so that it still needs only
+// one Q scale and one K scale per block: Q rows g and g + 8 of its warp's m8n8k16 A tiles, K
+// columns 2t, 2t + 1 of every n8 tile of the block.
+enum class QuantGran : int { kPerWarp = 0, kPerThread = 1 };
+
+constexpr int q_scales_per_warp(QuantGran g) { return g == QuantGran::kPerThread ? 8 : 1; }
+constexpr int k_scales_per_block(QuantGran g) { return g == QuantGran::kPerThread ? 4 : 1; }
+
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t padded_q_len(int64_t q_len) { return round_up(q_len, kCtaQ); }
 inline int64_t padded_kv_len(int64_t kv_len) { return round_up(kv_len, kBlockK); }
 inline int64_t mean_chunks(int64_t kv_len) { return (kv_len + kMeanChunk - 1) / kMeanChunk; }
+// Scales per (batch, head), counted over the padded lengths.
+inline int64_t q_scale_count(int64_t q_len, QuantGran g) {
+  return padded_q_len(q_len) / kWarpQ * q_scales_per_warp(g);
+}
+inline int64_t k_scale_count(int64_t kv_len, QuantGran g) {
+  return padded_kv_len(kv_len) / kBlockK * k_scales_per_block(g);
+}
 
 // A 4-D input or output seen as [batch, heads, tokens, head_dim]; strides in
 // elements for batch, head and token; the head dim must be contiguous.
@@ -40,6 +57,7 @@ struct Problem {
   int head_dim;  // 64 or 128
   ElemType dtype;  // of q, k, v and the output
   float sm_scale;
+  QuantGran qk_quant_gran;  // of both Q and K
   bool is_causal;
   bool smooth_k;
   bool return_lse;
@@ -48,9 +66,9 @@ struct Problem {
 // Scratch buffers the caller allocates (sizes from the helpers above).
 struct Workspace {
   int8_t* q_int8;       // [B, Hq, padded_q_len, D]
-  float* q_scale;       // [B, Hq, padded_q_len / kWarpQ]
+  float* q_scale;       // [B, Hq, q_scale_count]
   int8_t* k_int8;       // [B, Hkv, padded_kv_len, D]
-  float* k_scale;       // [B, Hkv, padded_kv_len / kBlockK]
+  float* k_scale;       // [B, Hkv, k_scale_count]
   void* v_t;            // fp16 [B, Hkv, D, padded_kv_len] (V transposed)
   float* k_mean_part;   // [B, Hkv, mean_chunks, D]      (smooth_k only)
   float* k_mean;        // [B, Hkv, D]                   (smooth_k only)

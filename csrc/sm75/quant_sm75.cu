@@ -1,6 +1,6 @@
 // Pre-processing for the sm75 attention kernel: K mean (smooth_k), fused INT8
 // quantization of Q and K, and V converted to fp16 and transposed.
-// Semantics: docs/architecture.md, "Quantization semantics" (per_warp, sm75).
+// Semantics: docs/architecture.md, "Quantization semantics" (per_warp and per_thread, sm75).
 #include <cstdint>
 
 #include "elem_sm75.cuh"
@@ -48,22 +48,54 @@ __global__ void k_mean_finalize_kernel(const float* part, int n_chunks, int kv_l
 
 enum class MeanUse : int { kNone = 0, kSubtract = 1, kDot = 2 };
 
-// One block quantizes ROWS tokens of one (b, head) with a single scale.
-// Thread (r, p) holds channels p, p + 8, ... of token r: loads stay coalesced and
-// the per-token dot product (LSE correction) reduces over 8 neighbouring lanes.
+// Which of a quantization block's ROWS tokens share a scale: token r is in group
+// (r % PERIOD) / SPAN, so a block has PERIOD / SPAN scales, stored at blk * kGroups + group
+// (the order of sageattention.reference.scale_group_ids).
+template <int ROWS, int PERIOD, int SPAN>
+struct ScaleGroups {
+  static_assert(ROWS % PERIOD == 0 && PERIOD % SPAN == 0, "groups must tile the block");
+  static constexpr int kRows = ROWS;
+  static constexpr int kGroups = PERIOD / SPAN;
+
+  static __device__ __forceinline__ int of(int r) { return (r % PERIOD) / SPAN; }
+  // The group's first row (the one that stores its scale).
+  static __device__ __forceinline__ bool leads(int r) { return r < PERIOD && r % SPAN == 0; }
+  // Max of row_max[] over the rows of group `grp`.
+  static __device__ __forceinline__ float max_of(const float* row_max, int grp) {
+    float m = 0.f;
+#pragma unroll
+    for (int k = 0; k < ROWS / PERIOD; ++k)
+#pragma unroll
+      for (int s = 0; s < SPAN; ++s) m = fmaxf(m, row_max[k * PERIOD + grp * SPAN + s]);
+    return m;
+  }
+};
+
+using QPerWarp = ScaleGroups<kWarpQ, kWarpQ, kWarpQ>;
+using QPerThread = ScaleGroups<kWarpQ, 8, 1>;      // rows g and g + 8
+using KPerWarp = ScaleGroups<kBlockK, kBlockK, kBlockK>;
+using KPerThread = ScaleGroups<kBlockK, 8, 2>;     // keys 8j + 2t and 8j + 2t + 1, j = 0..3
+static_assert(QPerWarp::kGroups == q_scales_per_warp(QuantGran::kPerWarp), "Q per_warp");
+static_assert(QPerThread::kGroups == q_scales_per_warp(QuantGran::kPerThread), "Q per_thread");
+static_assert(KPerWarp::kGroups == k_scales_per_block(QuantGran::kPerWarp), "K per_warp");
+static_assert(KPerThread::kGroups == k_scales_per_block(QuantGran::kPerThread), "K per_thread");
+
+// One block quantizes G::kRows tokens of one (b, head) with G::kGroups scales.
+// Thread (r, p) holds channels p, p + 8, ... of token r: loads stay coalesced, and the
+// per-token reductions (amax, LSE correction dot) run over 8 neighbouring lanes.
 //   pre_scale: multiplies x before quantization (Q: sm_scale * log2(e); K: 1)
 //   mean:      [B, H / heads_per_mean, D]; subtracted (K) or dotted with (Q)
-template <typename T, int D, int ROWS, MeanUse USE>
-__global__ void __launch_bounds__(ROWS * kLanesPerRow) quantize_kernel(
+template <typename T, int D, typename G, MeanUse USE>
+__global__ void __launch_bounds__(G::kRows * kLanesPerRow) quantize_kernel(
     TensorRef src, int len, int len_pad, float pre_scale, const float* mean,
     int heads_per_mean, float dot_scale, int8_t* dst, float* dst_scale, float* dot_out) {
-  constexpr int kThreads = ROWS * kLanesPerRow;
+  constexpr int kRows = G::kRows;
   constexpr int kPerThread = D / kLanesPerRow;
-  __shared__ float warp_max[kThreads / 32];
+  __shared__ float row_max[kRows];
 
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z, n_heads = gridDim.y;
   const int r = threadIdx.x / kLanesPerRow, p = threadIdx.x % kLanesPerRow;
-  const int n = blk * ROWS + r;
+  const int n = blk * kRows + r;
   const bool valid = n < len;
   const T* row = static_cast<const T*>(src.data) + b * src.stride_b + h * src.stride_h +
                  static_cast<int64_t>(valid ? n : 0) * src.stride_n;
@@ -93,15 +125,17 @@ __global__ void __launch_bounds__(ROWS * kLanesPerRow) quantize_kernel(
     }
   }
 
+  // Token amax, then each thread takes the max over its group's tokens.
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  for (int off = 1; off < kLanesPerRow; off <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  if (p == 0) row_max[r] = amax;
   __syncthreads();
-  amax = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
+  const int grp = G::of(r);
+  amax = G::max_of(row_max, grp);
 
-  // Floor keeps an all-zero block (tails, zero input) from dividing by zero.
+  // Floor keeps an all-zero group (tails, zero input) from dividing by zero.
   const float scale = fmaxf(amax / 127.f, 1e-8f);
   int8_t* out = dst + ((static_cast<int64_t>(b) * n_heads + h) * len_pad + n) * D;
 #pragma unroll
@@ -111,8 +145,9 @@ __global__ void __launch_bounds__(ROWS * kLanesPerRow) quantize_kernel(
     qv = max(-127, min(127, qv));
     out[p + kLanesPerRow * i] = static_cast<int8_t>(qv);
   }
-  if (threadIdx.x == 0) {
-    dst_scale[(static_cast<int64_t>(b) * n_heads + h) * (len_pad / ROWS) + blk] = scale;
+  if (p == 0 && G::leads(r)) {
+    const int64_t groups = static_cast<int64_t>(len_pad / kRows) * G::kGroups;
+    dst_scale[(static_cast<int64_t>(b) * n_heads + h) * groups + blk * G::kGroups + grp] = scale;
   }
 }
 
@@ -140,6 +175,37 @@ __global__ void __launch_bounds__(256) transpose_v_kernel(TensorRef v, int kv_le
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Launch the Q / K quantization with scale groups G (the caller checks the launch).
+template <typename T, int D, typename G>
+void quantize_q(const Problem& p, const TensorRef& q, const Workspace& ws, cudaStream_t stream) {
+  const int len_pad = static_cast<int>(padded_q_len(p.q_len));
+  const dim3 grid(len_pad / G::kRows, p.q_heads, p.batch);
+  constexpr int kThreads = G::kRows * kLanesPerRow;
+  const float pre = p.sm_scale * kLog2e;
+  if (p.smooth_k && p.return_lse) {
+    quantize_kernel<T, D, G, MeanUse::kDot><<<grid, kThreads, 0, stream>>>(
+        q, p.q_len, len_pad, pre, ws.k_mean, p.q_heads / p.kv_heads, p.sm_scale, ws.q_int8,
+        ws.q_scale, ws.lse_corr);
+  } else {
+    quantize_kernel<T, D, G, MeanUse::kNone><<<grid, kThreads, 0, stream>>>(
+        q, p.q_len, len_pad, pre, nullptr, 1, 0.f, ws.q_int8, ws.q_scale, nullptr);
+  }
+}
+
+template <typename T, int D, typename G>
+void quantize_k(const Problem& p, const TensorRef& k, const Workspace& ws, cudaStream_t stream) {
+  const int len_pad = static_cast<int>(padded_kv_len(p.kv_len));
+  const dim3 grid(len_pad / G::kRows, p.kv_heads, p.batch);
+  constexpr int kThreads = G::kRows * kLanesPerRow;
+  if (p.smooth_k) {
+    quantize_kernel<T, D, G, MeanUse::kSubtract><<<grid, kThreads, 0, stream>>>(
+        k, p.kv_len, len_pad, 1.f, ws.k_mean, 1, 0.f, ws.k_int8, ws.k_scale, nullptr);
+  } else {
+    quantize_kernel<T, D, G, MeanUse::kNone><<<grid, kThreads, 0, stream>>>(
+        k, p.kv_len, len_pad, 1.f, nullptr, 1, 0.f, ws.k_int8, ws.k_scale, nullptr);
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_k_mean(const Problem& p, const TensorRef& k, const Workspace& ws,
@@ -156,20 +222,11 @@ cudaError_t launch_k_mean(const Problem& p, const TensorRef& k, const Workspace&
 
 cudaError_t launch_quantize_q(const Problem& p, const TensorRef& q, const Workspace& ws,
                               cudaStream_t stream) {
-  const int len_pad = static_cast<int>(padded_q_len(p.q_len));
-  const dim3 grid(len_pad / kWarpQ, p.q_heads, p.batch);
-  const float pre = p.sm_scale * kLog2e;
-  const int group = p.q_heads / p.kv_heads;
-  const bool corr = p.smooth_k && p.return_lse;
   return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
-    constexpr int kThreads = kWarpQ * kLanesPerRow;
-    if (corr) {
-      quantize_kernel<T, D, kWarpQ, MeanUse::kDot><<<grid, kThreads, 0, stream>>>(
-          q, p.q_len, len_pad, pre, ws.k_mean, group, p.sm_scale, ws.q_int8, ws.q_scale,
-          ws.lse_corr);
+    if (p.qk_quant_gran == QuantGran::kPerThread) {
+      quantize_q<T, D, QPerThread>(p, q, ws, stream);
     } else {
-      quantize_kernel<T, D, kWarpQ, MeanUse::kNone><<<grid, kThreads, 0, stream>>>(
-          q, p.q_len, len_pad, pre, nullptr, 1, 0.f, ws.q_int8, ws.q_scale, nullptr);
+      quantize_q<T, D, QPerWarp>(p, q, ws, stream);
     }
     return cudaGetLastError();
   });
@@ -177,16 +234,11 @@ cudaError_t launch_quantize_q(const Problem& p, const TensorRef& q, const Worksp
 
 cudaError_t launch_quantize_k(const Problem& p, const TensorRef& k, const Workspace& ws,
                               cudaStream_t stream) {
-  const int len_pad = static_cast<int>(padded_kv_len(p.kv_len));
-  const dim3 grid(len_pad / kBlockK, p.kv_heads, p.batch);
   return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
-    constexpr int kThreads = kBlockK * kLanesPerRow;
-    if (p.smooth_k) {
-      quantize_kernel<T, D, kBlockK, MeanUse::kSubtract><<<grid, kThreads, 0, stream>>>(
-          k, p.kv_len, len_pad, 1.f, ws.k_mean, 1, 0.f, ws.k_int8, ws.k_scale, nullptr);
+    if (p.qk_quant_gran == QuantGran::kPerThread) {
+      quantize_k<T, D, KPerThread>(p, k, ws, stream);
     } else {
-      quantize_kernel<T, D, kBlockK, MeanUse::kNone><<<grid, kThreads, 0, stream>>>(
-          k, p.kv_len, len_pad, 1.f, nullptr, 1, 0.f, ws.k_int8, ws.k_scale, nullptr);
+      quantize_k<T, D, KPerWarp>(p, k, ws, stream);
     }
     return cudaGetLastError();
   });

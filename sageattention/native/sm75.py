@@ -36,7 +36,9 @@ def _register_fake() -> None:
 load = ExtensionLoader(EXTENSION, FAMILY, _register_fake)
 
 
-def _qk_int8_pv_fp16_fake(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k, return_lse):
+def _qk_int8_pv_fp16_fake(
+    q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, smooth_k, return_lse
+):
     # Mirrors bindings.cpp: a contiguous output shaped like q, LSE [B, Hq, Nq] fp32 or an empty [0].
     out = q.new_empty(q.shape)
     if not return_lse:
@@ -93,8 +95,11 @@ def qk_int8_pv_fp16(
     smooth_v,
     return_lse,
 ):
-    """INT8 QK^T (per-warp scales: 16 query / 32 key tokens), FP16 PV with fp32 accumulation.
+    """INT8 QK^T, FP16 PV with fp32 accumulation.
 
+    qk_quant_gran: "per_thread" (the default of sageattn on this family: 8 Q scales per 16 query
+    tokens, 4 K scales per 32 key tokens) or "per_warp" (one scale per 16 query / 32 key tokens);
+    the groups are those of `sageattention.reference.scale_group_ids` with the sm75 block sizes.
     Returns (out, lse or None); out has q's shape and dtype, lse is [B, Hq, Nq] fp32 (natural log).
     smooth_v is accepted but has no effect here: with fp32 PV accumulation, subtracting V's mean and
     adding it back is an identity (each row of P sums to 1), so the kernel skips both steps.
@@ -107,6 +112,14 @@ def qk_int8_pv_fp16(
     q, k, v = [t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v)]
     op = getattr(torch.ops, OP_NAMESPACE).qk_int8_pv_fp16
     out, lse = op(
-        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), bool(smooth_k), bool(return_lse)
+        q,
+        k,
+        v,
+        tensor_layout,
+        bool(is_causal),
+        float(sm_scale),
+        qk_quant_gran,
+        bool(smooth_k),
+        bool(return_lse),
     )
     return out, (lse if return_lse else None)

@@ -89,7 +89,7 @@ def test_defaults_resolved_for_native_backends():
     fp8 = choose(req((8, 9)), inv(*ALL))
     assert (fp8.qk_quant_gran, fp8.pv_accum_dtype) == ("per_thread", "fp32+fp32")
     sm75 = choose(req((7, 5)), inv(*ALL))
-    assert (sm75.qk_quant_gran, sm75.pv_accum_dtype) == ("per_warp", "fp32")
+    assert (sm75.qk_quant_gran, sm75.pv_accum_dtype) == ("per_thread", "fp32")
 
 
 def test_reason_names_skipped_backends():
@@ -127,10 +127,17 @@ def test_requested_accumulator_picks_the_family_that_has_it():
 
 
 def test_unavailable_granularity_is_substituted_and_said():
-    choice = choose(req((7, 5), qk_quant_gran="per_thread"), inv(*ALL))
-    assert choice.name == "cuda-sm75-fp16" and choice.qk_quant_gran == "per_warp"
-    assert any("per_thread" in a and "per_warp" in a for a in choice.adjustments)
+    choice = choose(req((7, 5), qk_quant_gran="per_block"), inv(*ALL))
+    assert choice.name == "cuda-sm75-fp16" and choice.qk_quant_gran == "per_thread"
+    assert any("per_block" in a and "per_thread" in a for a in choice.adjustments)
     assert "skipped" not in choice.reason  # the chosen backend is not listed as skipped
+
+
+@pytest.mark.parametrize("gran", ["per_warp", "per_thread"])
+def test_sm75_takes_either_cuda_granularity_as_asked(gran):
+    choice = choose(req((7, 5), qk_quant_gran=gran), inv(*ALL))
+    assert choice.name == "cuda-sm75-fp16" and choice.qk_quant_gran == gran
+    assert not choice.adjustments
 
 
 # --- kernel-specific functions: candidates without fallback -----------------------------------
