@@ -14,8 +14,10 @@ import torch
 
 __all__ = [
     "FAMILY_BLOCK_SIZES",
+    "FP16_V_MAX",
     "PV_ACCUM_DTYPES",
     "QK_QUANT_GRANS",
+    "fp16_v_scale",
     "pv16_dtype",
     "quantize_int8",
     "sageattn_reference",
@@ -125,10 +127,31 @@ def pv16_dtype(v_dtype: torch.dtype, pv_accum_dtype: str) -> torch.dtype:
     """The 16-bit type P and V take in FP16 PV on sm80+ (the sm80 family and the Triton kernels).
 
     bfloat16 for a bfloat16 V with "fp32" accumulation: the mma takes bf16 operands and V keeps its
-    range (fp16 would turn |V| > 65504 into inf). float16 otherwise: the fp16-accumulating modes
-    need fp16 operands. Turing (the sm75 family) has no bf16 mma and always uses float16.
+    range. float16 otherwise: the fp16-accumulating modes need fp16 operands. Turing (the sm75
+    family) has no bf16 mma and always uses float16. `sageattn_reference` divides a bfloat16 V
+    taken as float16 by a per-channel power of two first (`fp16_v_scale`), as the sm75 family does.
     """
     return torch.bfloat16 if v_dtype == torch.bfloat16 and pv_accum_dtype == "fp32" else torch.float16
+
+
+# A bfloat16 V converted to fp16 is divided per channel by the power of two that brings its amax to
+# at most 2^15, the largest power of two below fp16's max (65504). csrc/sm75/launchers.h (kV16Max).
+FP16_V_MAX = 32768.0
+
+
+def fp16_v_scale(v: torch.Tensor) -> torch.Tensor:
+    """Per-channel power-of-two scale `[B, H, 1, D]` of an fp32 V `[B, H, N, D]` before fp16 rounding.
+
+    s = 2**e with e = max(0, ceil(log2(amax / FP16_V_MAX))), amax = max |V| over the channel's tokens:
+    the smallest power of two >= 1 with amax / s <= 32768. Dividing by s and multiplying the output
+    back are exact in fp32; ordinary data (amax <= 32768, s = 1) gives exactly the unscaled result.
+    Computed without log2 (which may round): x = amax / 2**15 = m * 2**k with 0.5 <= m < 1 (frexp);
+    s = x when x is a power of two (m = 0.5), else x / m = 2**k. A non-finite amax keeps s = 1.
+    """
+    x = v.abs().amax(dim=2, keepdim=True) / FP16_V_MAX  # dividing by a power of two: exact
+    mant, _ = torch.frexp(x)
+    s = torch.where(mant == 0.5, x, x / mant)
+    return torch.where((x > 1) & torch.isfinite(x), s, torch.ones_like(x))
 
 
 # V's per-channel amax maps here when P.V accumulates in fp16 inside a K block: a 64-key block then
@@ -159,7 +182,16 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     (architecture.md) P * 448 and V's amax -> `fp8_v_max_for(pv_accum_dtype)`: 448, or 2.25 for the fp16
     inner accumulator of "fp32+fp16", which 448 * 448 > 65504 would overflow (pass 448 to see it).
     pv16: the 16-bit type of P and V in FP16 PV; None: `pv16_dtype(v.dtype, pv_accum_dtype)` (sm80+).
-    The sm75 family passes torch.float16.
+    The sm75 family passes torch.float16. When P.V runs in float16 on a bfloat16 V, V is divided by
+    its per-channel power of two `fp16_v_scale` before the fp16 rounding and each output channel is
+    multiplied back, as the sm75 family does: V's fp16 copy is finite, and with "fp32" accumulation
+    so is the output. The sm80 family's fp16-accumulating modes convert V unscaled. This gives bit
+    for bit what an unscaled conversion gives (what those kernels are checked against) in output
+    channel d of a batch and kv head's queries whenever max |V[..., d]| over that batch and kv
+    head's tokens is <= 32768: the scale is 1 there, and x / 1 * 1 changes nothing. Above 32768
+    (scale >= 2) results often still match, but values that land in fp16's subnormal range (in V or
+    in the fp16 accumulator) round differently, and past 65504 the unscaled V is inf. Their fp16
+    accumulators can overflow either way (a flat softmax over a V near 30000 does).
     Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
     log when return_lse.
     """
@@ -195,8 +227,9 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         raise ValueError(f"pv16={pv16!r} is not accepted with pv_accum_dtype={pv_accum_dtype!r}; use "
                          "torch.float16, or torch.bfloat16 with 'fp32' accumulation")
     if pv_dtype == "fp16":
-        v_q = v_s.to(pv16).float()
-        p_scale, v_scale = 1.0, None
+        v_scale = fp16_v_scale(v_s) if pv16 == torch.float16 and v.dtype == torch.bfloat16 else None
+        v_q = (v_s if v_scale is None else v_s / v_scale).to(pv16).float()
+        p_scale = 1.0
     else:
         if fp8_v_max is None:
             fp8_v_max = fp8_v_max_for(pv_accum_dtype)

@@ -5,6 +5,7 @@
 // per_warp, the warp's and the block's; per_thread, those of its rows g, g + 8 and of its key
 // columns 2t, 2t + 1 (launchers.h, QuantGran).
 #include <cstdint>
+#include <type_traits>
 
 #include "elem_sm75.cuh"
 #include "launchers.h"
@@ -22,7 +23,8 @@ struct AttnArgs {
   const float* q_scale;  // [B, Hq, q_pad / 16 * q_groups], includes sm_scale * log2(e)
   const int8_t* k;       // [B, Hkv, kv_pad, D]
   const float* k_scale;  // [B, Hkv, kv_pad / 32 * k_groups]
-  const __half* vt;      // [B, Hkv, D, kv_pad]
+  const __half* vt;      // [B, Hkv, D, kv_pad], V divided by v_scale
+  const float* v_scale;  // [B, Hkv, D] powers of two (bfloat16) or nullptr (float16: scale 1)
   void* out;
   int64_t out_sb, out_sh, out_sn;
   float* lse;             // [B, Hq, q_len] or nullptr
@@ -214,13 +216,18 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnArgs a) {
     __syncthreads();
   }
 
-  // Epilogue: full row sums, normalize, write O (and the natural-log LSE).
+  // Epilogue: full row sums, normalize, undo V's channel scales, write O (and the natural-log LSE).
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 1);
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 2);
   }
   OutT* out = static_cast<OutT*>(a.out) + b * a.out_sb + h * a.out_sh;
+  // A bfloat16 V's channel scales (launchers.h, scales_v), this thread's columns 2t, 2t + 1. The
+  // offset is recomputed from blockIdx rather than from bhk: bhk kept live costs registers.
+  const int64_t v_bh = static_cast<int64_t>(blockIdx.z) * a.kv_heads +
+                       blockIdx.y / (a.q_heads / a.kv_heads);
+  const float* v_scale = a.v_scale + v_bh * D + 2 * t;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int row = wq0 + hh * 8 + g;
@@ -229,7 +236,13 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnArgs a) {
     OutT* orow = out + static_cast<int64_t>(row) * a.out_sn;
 #pragma unroll
     for (int c = 0; c < D / 8; ++c) {
-      store_pair(orow + c * 8 + 2 * t, o[c][2 * hh] * inv, o[c][2 * hh + 1] * inv);
+      float o0 = o[c][2 * hh] * inv, o1 = o[c][2 * hh + 1] * inv;
+      if (std::is_same_v<OutT, __nv_bfloat16> && a.v_scale != nullptr) {  // exact: powers of two
+        const float2 vs = *reinterpret_cast<const float2*>(v_scale + c * 8);
+        o0 *= vs.x;
+        o1 *= vs.y;
+      }
+      store_pair(orow + c * 8 + 2 * t, o0, o1);
     }
     if (a.lse != nullptr && t == 0) {
       float lse = (m[hh] + log2f(l[hh])) * kLn2;
@@ -249,6 +262,7 @@ cudaError_t launch_attention(const Problem& p, const TensorRef& out, float* lse,
   a.k = ws.k_int8;
   a.k_scale = ws.k_scale;
   a.vt = static_cast<const __half*>(ws.v_t);
+  a.v_scale = scales_v(p.dtype) ? ws.v_scale : nullptr;
   a.out = out.data;
   a.out_sb = out.stride_b;
   a.out_sh = out.stride_h;
@@ -287,6 +301,10 @@ cudaError_t qk_int8_pv_fp16(const Problem& p, const TensorRef& q, const TensorRe
   if (p.smooth_k && (err = launch_k_mean(p, k, ws, stream)) != cudaSuccess) return err;
   if ((err = launch_quantize_q(p, q, ws, stream)) != cudaSuccess) return err;
   if ((err = launch_quantize_k(p, k, ws, stream)) != cudaSuccess) return err;
+  if (scales_v(p.dtype)) {
+    if (ws.v_amax_part == nullptr || ws.v_scale == nullptr) return cudaErrorInvalidValue;
+    if ((err = launch_v_scale(p, v, ws, stream)) != cudaSuccess) return err;
+  }
   if ((err = launch_transpose_v(p, v, ws, stream)) != cudaSuccess) return err;
   return launch_attention(p, out, lse, ws, stream);
 }

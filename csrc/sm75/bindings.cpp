@@ -108,11 +108,15 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   at::Tensor k_int8 = at::empty({sk.b, sk.h, kv_pad, sk.d}, i8);
   at::Tensor k_scale = at::empty({sk.b, sk.h, k_scale_count(sk.n, gran)}, f32);
   at::Tensor v_t = at::empty({sv.b, sv.h, sv.d, kv_pad}, q.options().dtype(at::kHalf));
-  at::Tensor k_mean_part, k_mean, lse_corr;
+  at::Tensor k_mean_part, k_mean, lse_corr, v_amax_part, v_scale;
   if (smooth_k) {
-    k_mean_part = at::empty({sk.b, sk.h, mean_chunks(sk.n), sk.d}, f32);
+    k_mean_part = at::empty({sk.b, sk.h, channel_chunks(sk.n), sk.d}, f32);
     k_mean = at::empty({sk.b, sk.h, sk.d}, f32);
     if (return_lse) lse_corr = at::empty({sq.b, sq.h, q_pad}, f32);
+  }
+  if (scales_v(p.dtype)) {
+    v_amax_part = at::empty({sv.b, sv.h, channel_chunks(sv.n), sv.d}, f32);
+    v_scale = at::empty({sv.b, sv.h, sv.d}, f32);
   }
   Workspace ws;
   ws.q_int8 = q_int8.data_ptr<int8_t>();
@@ -123,6 +127,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   ws.k_mean_part = smooth_k ? k_mean_part.data_ptr<float>() : nullptr;
   ws.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
   ws.lse_corr = lse_corr.defined() ? lse_corr.data_ptr<float>() : nullptr;
+  ws.v_amax_part = v_amax_part.defined() ? v_amax_part.data_ptr<float>() : nullptr;
+  ws.v_scale = v_scale.defined() ? v_scale.data_ptr<float>() : nullptr;
 
   at::Tensor out = at::empty(q.sizes(), q.options());  // contiguous, q's layout
   at::Tensor lse = return_lse ? at::empty({sq.b, sq.h, sq.n}, f32) : at::empty({0}, f32);

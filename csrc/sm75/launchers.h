@@ -14,9 +14,16 @@ namespace sageattention_sm75 {
 constexpr int kWarpQ = 16;    // query tokens per warp (one m16 tile of S)
 constexpr int kBlockK = 32;   // key tokens per K block
 constexpr int kCtaQ = 64;     // query tokens per thread block (4 warps)
-constexpr int kMeanChunk = 256;  // key tokens per partial sum of the K mean
+constexpr int kChannelChunk = 256;  // key tokens per partial of a channel's K sum or V amax
 
 enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// bfloat16 V is scaled per channel by a power of two s >= 1 with max |V| / s <= kV16Max before its
+// fp16 conversion (fp16 tops out at 65504; 2^15 is the largest power of two below it), and the
+// output channel multiplied by s. sageattention.reference.FP16_V_MAX; ordinary data: s = 1.
+constexpr float kV16Max = 32768.f;
+// Which inputs get those scales (a float16 V fits as given: no scales, no extra pass).
+constexpr bool scales_v(ElemType dtype) { return dtype == ElemType::kBFloat16; }
 
 // Which tokens share one INT8 scale. per_warp: the kWarpQ rows of a warp (Q), the kBlockK keys of
 // a block (K). per_thread: what one mma thread (lane = 4g + t) holds, so that it still needs only
@@ -30,7 +37,9 @@ constexpr int k_scales_per_block(QuantGran g) { return g == QuantGran::kPerThrea
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 inline int64_t padded_q_len(int64_t q_len) { return round_up(q_len, kCtaQ); }
 inline int64_t padded_kv_len(int64_t kv_len) { return round_up(kv_len, kBlockK); }
-inline int64_t mean_chunks(int64_t kv_len) { return (kv_len + kMeanChunk - 1) / kMeanChunk; }
+inline int64_t channel_chunks(int64_t kv_len) {
+  return (kv_len + kChannelChunk - 1) / kChannelChunk;
+}
 // Scales per (batch, head), counted over the padded lengths.
 inline int64_t q_scale_count(int64_t q_len, QuantGran g) {
   return padded_q_len(q_len) / kWarpQ * q_scales_per_warp(g);
@@ -69,15 +78,18 @@ struct Workspace {
   float* q_scale;       // [B, Hq, q_scale_count]
   int8_t* k_int8;       // [B, Hkv, padded_kv_len, D]
   float* k_scale;       // [B, Hkv, k_scale_count]
-  void* v_t;            // fp16 [B, Hkv, D, padded_kv_len] (V transposed)
-  float* k_mean_part;   // [B, Hkv, mean_chunks, D]      (smooth_k only)
+  void* v_t;            // fp16 [B, Hkv, D, padded_kv_len] (V transposed, divided by v_scale)
+  float* k_mean_part;   // [B, Hkv, channel_chunks, D]   (smooth_k only)
   float* k_mean;        // [B, Hkv, D]                   (smooth_k only)
+  float* v_amax_part;   // [B, Hkv, channel_chunks, D]   (bfloat16 only)
+  float* v_scale;       // [B, Hkv, D] powers of two     (bfloat16 only; nullptr for float16)
   float* lse_corr;      // [B, Hq, padded_q_len]         (smooth_k and return_lse only)
 };
 
 // Quantizes Q and K (fused scale, mean subtraction, zero-filled tails), converts
-// and transposes V, then runs attention. out: the output in the same element
-// type; lse: fp32 [B, Hq, q_len] contiguous, or nullptr when !return_lse.
+// and transposes V (a bfloat16 V first scaled per channel: kV16Max), then runs
+// attention. out: the output in the same element type; lse: fp32 [B, Hq, q_len]
+// contiguous, or nullptr when !return_lse.
 // Returns the first CUDA error met (launches are asynchronous on `stream`).
 cudaError_t qk_int8_pv_fp16(const Problem& p, const TensorRef& q, const TensorRef& k,
                             const TensorRef& v, const TensorRef& out, float* lse,
@@ -90,6 +102,8 @@ cudaError_t launch_quantize_q(const Problem& p, const TensorRef& q, const Worksp
                               cudaStream_t stream);
 cudaError_t launch_quantize_k(const Problem& p, const TensorRef& k, const Workspace& ws,
                               cudaStream_t stream);
+cudaError_t launch_v_scale(const Problem& p, const TensorRef& v, const Workspace& ws,
+                           cudaStream_t stream);
 cudaError_t launch_transpose_v(const Problem& p, const TensorRef& v, const Workspace& ws,
                                cudaStream_t stream);
 cudaError_t launch_attention(const Problem& p, const TensorRef& out, float* lse,

@@ -1,7 +1,9 @@
 // Pre-processing for the sm75 attention kernel: K mean (smooth_k), fused INT8
-// quantization of Q and K, and V converted to fp16 and transposed.
+// quantization of Q and K, V's per-channel power-of-two scales (bfloat16 only), and V converted
+// to fp16 and transposed.
 // Semantics: docs/architecture.md, "Quantization semantics" (per_warp and per_thread, sm75).
 #include <cstdint>
+#include <type_traits>
 
 #include "elem_sm75.cuh"
 #include "launchers.h"
@@ -11,27 +13,37 @@ namespace {
 
 constexpr int kLanesPerRow = 8;  // threads that share one token's head dim
 
-// Partial sums of K over chunks of kMeanChunk tokens, per (b, kv head, channel).
-// Two passes (partials, then finalize) keep the sum deterministic.
-template <typename T, int D>
-__global__ void __launch_bounds__(256) k_mean_partial_kernel(TensorRef k, int kv_len,
-                                                             float* part, int n_chunks) {
+// Per-channel reductions over the tokens of one (b, kv head): K's sum (for its mean) and V's amax.
+struct SumOf {
+  static __device__ __forceinline__ float of(float x) { return x; }
+  static __device__ __forceinline__ float combine(float a, float b) { return a + b; }
+};
+struct AbsMaxOf {
+  static __device__ __forceinline__ float of(float x) { return fabsf(x); }
+  static __device__ __forceinline__ float combine(float a, float b) { return fmaxf(a, b); }
+};
+
+// Partials over chunks of kChannelChunk tokens, per (b, kv head, channel). Two passes (partials,
+// then a finalize kernel) keep a sum deterministic; both reductions start from 0.
+template <typename T, int D, typename Op>
+__global__ void __launch_bounds__(256) channel_partial_kernel(TensorRef x, int kv_len,
+                                                              float* part, int n_chunks) {
   constexpr int kRowsPerPass = 256 / D;
   __shared__ float red[kRowsPerPass][D];
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int c = threadIdx.x % D, r = threadIdx.x / D;
-  const T* base = static_cast<const T*>(k.data) + b * k.stride_b + h * k.stride_h;
-  const int n_end = min(kv_len, (chunk + 1) * kMeanChunk);
+  const T* base = static_cast<const T*>(x.data) + b * x.stride_b + h * x.stride_h;
+  const int n_end = min(kv_len, (chunk + 1) * kChannelChunk);
   float acc = 0.f;
-  for (int n = chunk * kMeanChunk + r; n < n_end; n += kRowsPerPass) {
-    acc += to_float(base[n * k.stride_n + c]);
+  for (int n = chunk * kChannelChunk + r; n < n_end; n += kRowsPerPass) {
+    acc = Op::combine(acc, Op::of(to_float(base[n * x.stride_n + c])));
   }
   red[r][c] = acc;
   __syncthreads();
   if (r == 0) {
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) s += red[i][c];
+    for (int i = 0; i < kRowsPerPass; ++i) s = Op::combine(s, red[i][c]);
     part[((static_cast<int64_t>(b) * gridDim.y + h) * n_chunks + chunk) * D + c] = s;
   }
 }
@@ -44,6 +56,26 @@ __global__ void k_mean_finalize_kernel(const float* part, int n_chunks, int kv_l
   float s = 0.f;
   for (int i = 0; i < n_chunks; ++i) s += part[(bh * n_chunks + i) * D + c];
   mean[bh * D + c] = s / static_cast<float>(kv_len);
+}
+
+// The smallest power of two s >= 1 with amax / s <= kV16Max (sageattention.reference.fp16_v_scale).
+// Every step is exact: x = amax / 2^15; for x = m * 2^e (0.5 <= m < 1), s = x when x is a power
+// of two (m = 0.5), else 2^e. A non-finite amax (an inf or NaN in V) keeps s = 1.
+__device__ __forceinline__ float v16_scale_for(float amax) {
+  const float x = amax * (1.f / kV16Max);
+  if (!(x > 1.f) || isinf(x)) return 1.f;
+  int e;
+  const float m = frexpf(x, &e);
+  return m == 0.5f ? x : ldexpf(1.f, e);
+}
+
+template <int D>
+__global__ void v_scale_finalize_kernel(const float* part, int n_chunks, float* scale) {
+  const int h = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
+  const int64_t bh = static_cast<int64_t>(b) * gridDim.x + h;
+  float amax = 0.f;
+  for (int i = 0; i < n_chunks; ++i) amax = fmaxf(amax, part[(bh * n_chunks + i) * D + c]);
+  scale[bh * D + c] = v16_scale_for(amax);
 }
 
 enum class MeanUse : int { kNone = 0, kSubtract = 1, kDot = 2 };
@@ -152,22 +184,30 @@ __global__ void __launch_bounds__(G::kRows * kLanesPerRow) quantize_kernel(
 }
 
 // V -> fp16, transposed to [D, tokens] so that one 32-bit word holds the two
-// consecutive keys of a channel that an m16n8k8 B fragment needs.
+// consecutive keys of a channel that an m16n8k8 B fragment needs. scale: [B, H, D] powers of two
+// that V is divided by first (bfloat16; exact), or nullptr (float16: V as given).
+constexpr int kTransposeThreads = 256;
+
 template <typename T, int D>
-__global__ void __launch_bounds__(256) transpose_v_kernel(TensorRef v, int kv_len, int kv_pad,
-                                                          __half* vt) {
+__global__ void __launch_bounds__(kTransposeThreads) transpose_v_kernel(
+    TensorRef v, int kv_len, int kv_pad, const float* scale, __half* vt) {
+  constexpr int kThreads = kTransposeThreads;
+  static_assert(kThreads % D == 0, "each thread converts one channel, whatever its rows");
   constexpr int kStride = D + 2;  // odd word stride: conflict-free column reads
   __shared__ __half tile[kBlockK][kStride];
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z, n_heads = gridDim.y;
   const T* base = static_cast<const T*>(v.data) + b * v.stride_b + h * v.stride_h;
-  for (int e = threadIdx.x; e < kBlockK * D; e += blockDim.x) {
-    const int r = e / D, c = e % D, n = blk * kBlockK + r;
-    tile[r][c] = n < kv_len ? __float2half_rn(to_float(base[static_cast<int64_t>(n) * v.stride_n + c]))
-                            : __float2half_rn(0.f);
+  const int c = threadIdx.x % D;
+  const float inv =
+      scale != nullptr ? 1.f / scale[(static_cast<int64_t>(b) * n_heads + h) * D + c] : 1.f;
+  for (int r = threadIdx.x / D; r < kBlockK; r += kThreads / D) {
+    const int n = blk * kBlockK + r;
+    const float x = n < kv_len ? to_float(base[static_cast<int64_t>(n) * v.stride_n + c]) : 0.f;
+    tile[r][c] = __float2half_rn(x * inv);
   }
   __syncthreads();
   __half* out = vt + (static_cast<int64_t>(b) * n_heads + h) * D * kv_pad + blk * kBlockK;
-  for (int e = threadIdx.x; e < kBlockK * D; e += blockDim.x) {
+  for (int e = threadIdx.x; e < kBlockK * D; e += kThreads) {
     const int c = e / kBlockK, r = e % kBlockK;
     out[static_cast<int64_t>(c) * kv_pad + r] = tile[r][c];
   }
@@ -206,17 +246,40 @@ void quantize_k(const Problem& p, const TensorRef& k, const Workspace& ws, cudaS
   }
 }
 
+// V's channel scales: bfloat16 only (scales_v); no float16 kernels, and a call for one is an error.
+template <typename T, int D>
+cudaError_t v_scale(const Problem& p, const TensorRef& v, const Workspace& ws, int n_chunks,
+                    cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+    return cudaErrorInvalidValue;
+  } else {
+    channel_partial_kernel<T, D, AbsMaxOf><<<dim3(n_chunks, p.kv_heads, p.batch), 256, 0, stream>>>(
+        v, p.kv_len, ws.v_amax_part, n_chunks);
+    v_scale_finalize_kernel<D><<<dim3(p.kv_heads, p.batch), D, 0, stream>>>(
+        ws.v_amax_part, n_chunks, ws.v_scale);
+    return cudaGetLastError();
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_k_mean(const Problem& p, const TensorRef& k, const Workspace& ws,
                           cudaStream_t stream) {
-  const int n_chunks = static_cast<int>(mean_chunks(p.kv_len));
+  const int n_chunks = static_cast<int>(channel_chunks(p.kv_len));
   return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
-    k_mean_partial_kernel<T, D><<<dim3(n_chunks, p.kv_heads, p.batch), 256, 0, stream>>>(
+    channel_partial_kernel<T, D, SumOf><<<dim3(n_chunks, p.kv_heads, p.batch), 256, 0, stream>>>(
         k, p.kv_len, ws.k_mean_part, n_chunks);
     k_mean_finalize_kernel<D><<<dim3(p.kv_heads, p.batch), D, 0, stream>>>(
         ws.k_mean_part, n_chunks, p.kv_len, ws.k_mean);
     return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_v_scale(const Problem& p, const TensorRef& v, const Workspace& ws,
+                           cudaStream_t stream) {
+  const int n_chunks = static_cast<int>(channel_chunks(p.kv_len));
+  return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
+    return v_scale<T, D>(p, v, ws, n_chunks, stream);
   });
 }
 
@@ -249,8 +312,9 @@ cudaError_t launch_transpose_v(const Problem& p, const TensorRef& v, const Works
   const int len_pad = static_cast<int>(padded_kv_len(p.kv_len));
   const dim3 grid(len_pad / kBlockK, p.kv_heads, p.batch);
   return SA75_DISPATCH_DTYPE_DIM(p.dtype, p.head_dim, {
-    transpose_v_kernel<T, D><<<grid, 256, 0, stream>>>(v, p.kv_len, len_pad,
-                                                       static_cast<__half*>(ws.v_t));
+    transpose_v_kernel<T, D><<<grid, kTransposeThreads, 0, stream>>>(
+        v, p.kv_len, len_pad, scales_v(p.dtype) ? ws.v_scale : nullptr,
+        static_cast<__half*>(ws.v_t));
     return cudaGetLastError();
   });
 }

@@ -282,6 +282,40 @@ def test_extreme_inputs_stay_finite(ext):
     assert cosine(out, ref) >= 0.9999
 
 
+@needs_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_v_beyond_fp16_range(ext, d, causal):
+    """A bfloat16 V of magnitude 1e5, past fp16's 65504 (the validation suite's "V magnitude 1e5"):
+    V is divided per channel by a power of two before its fp16 conversion and each output channel
+    multiplied back (launchers.h, kV16Max), so the output is finite and as accurate as usual."""
+    q, k, v = make_qkv(2, 4, 2, 1000, 1000, d, dtype=torch.bfloat16, seed=30 + d + causal)
+    v = (v.float() * 1e5).to(torch.bfloat16)
+    assert not torch.isfinite(v.half()).all()  # what a conversion without the scale gives
+    out, _ = attn(q, k, v, causal=causal)
+    assert_accurate(out, q, k, v, causal=causal)
+
+
+@needs_gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_v_scales_follow_channels_and_heads(ext, d):
+    """Each (kv head, channel) of V gets its own magnitude, 1 to 1e5 (scales 1 to 16): every output
+    channel must get its own kv head's and channel's scale back. Compared with each channel divided
+    by its magnitude, so that small channels weigh as much as large ones."""
+    q, k, v = make_qkv(2, 4, 2, 300, 300, d, dtype=torch.bfloat16, seed=40 + d)
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    mag = 10.0 ** (5 * torch.rand(2, 1, d, generator=gen, device="cuda"))  # [kv head, 1, channel]
+    v = (v.float() * mag).to(torch.bfloat16)
+    out, _ = attn(q, k, v)
+    assert torch.isfinite(out).all()
+    per_q_head = mag.repeat_interleave(2, dim=0)  # GQA: query head h reads kv head h // 2
+    got = out.float() / per_q_head
+    assert cosine(got, reference(q, k, v).float() / per_q_head) >= REF_COSINE
+    exact, _ = sdpa_fp32(q, k, v)
+    assert cosine(got, exact / per_q_head) >= SDPA_COSINE
+    assert rel_l1(got, exact / per_q_head) <= SDPA_REL_L1
+
+
 # ---- memory access, strides, streams ------------------------------------------------------------
 
 

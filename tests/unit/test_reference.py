@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sageattention.reference import (FAMILY_BLOCK_SIZES, fp8_v_max_for, quantize_int8, sageattn_reference,
-                                     scale_group_ids)
+from sageattention.reference import (FAMILY_BLOCK_SIZES, fp8_v_max_for, fp16_v_scale, quantize_int8,
+                                     sageattn_reference, scale_group_ids)
 
 FP16_COS, FP16_L1, FP8_L1 = 0.9998, 0.02, 0.04
 
@@ -169,6 +169,46 @@ def test_fp8_inner_fp16_accumulator_needs_the_small_v_range():
     ref = sdpa64(q, k, v)
     assert torch.isfinite(good).all()
     assert ((good.double() - ref).abs().sum() / ref.abs().sum()).item() <= FP8_L1
+
+
+@pytest.mark.parametrize("amax,scale", [
+    (0.0, 1.0), (1.0, 1.0), (32768.0, 1.0), (33024.0, 2.0), (65536.0, 2.0), (65792.0, 4.0),
+    (1e5, 4.0), (2.0 ** 100, 2.0 ** 85), (3e38, 2.0 ** 113), (math.inf, 1.0)])
+def test_fp16_v_scale_is_the_smallest_power_of_two_that_fits(amax, scale):
+    """The per-channel scale of a bfloat16 V headed for fp16: amax / s <= 2**15, s a power of two >= 1.
+    33024 and 65792 are the bfloat16 values just above 32768 and 65536."""
+    v = torch.zeros(1, 1, 5, 2)
+    v[0, 0, 3, 1] = -amax  # the sign does not matter; channel 0 stays all zero
+    s = fp16_v_scale(v)
+    assert s.shape == (1, 1, 1, 2) and s[0, 0, 0, 0] == 1.0
+    assert s[0, 0, 0, 1].item() == scale
+
+
+@pytest.mark.parametrize("d,causal", [(64, False), (128, True)])
+def test_fp16_pv_scales_a_bf16_v_beyond_fp16_range(attn_metrics, d, causal):
+    """A bfloat16 V of magnitude 1e5 (fp16 tops out at 65504) with P.V in fp16, as the sm75 family
+    runs it: V is divided per channel by a power of two before the fp16 rounding, so the output is
+    finite and as close to exact attention as for ordinary V."""
+    q, k, v = make_qkv(hq=4, hkv=2, nq=200, nk=200, d=d, dtype=torch.bfloat16)
+    v = (v.float() * 1e5).to(torch.bfloat16)
+    assert not torch.isfinite(v.half()).all()  # what converting without the scale does
+    out = sageattn_reference(q, k, v, is_causal=causal, pv16=torch.float16, **FAMILY_BLOCK_SIZES["sm75"])
+    assert torch.isfinite(out).all()
+    cos, rel_l1 = attn_metrics(out, sdpa64(q, k, v, is_causal=causal))
+    assert cos >= FP16_COS and rel_l1 <= FP16_L1, (cos, rel_l1)
+
+
+@pytest.mark.parametrize("pv_accum", ["fp32", "fp16+fp32", "fp16"])
+def test_fp16_pv_of_an_ordinary_bf16_v_is_unscaled(pv_accum):
+    """Scale 1 changes nothing: an ordinary bfloat16 V (every |V| <= 32768, here up to 1e4) gives
+    bit for bit the output of its plain fp16 conversion, as before scaling existed. The float16 V
+    passed for comparison is the same conversion, and float16 inputs are never scaled."""
+    q, k, v = make_qkv(hq=4, hkv=2, dtype=torch.bfloat16)
+    v = (v.float() * 2000).to(torch.bfloat16)
+    assert 5000 < v.abs().max() <= 32768 and torch.all(fp16_v_scale(v.float()) == 1)
+    for causal in (False, True):
+        kw = dict(is_causal=causal, pv_accum_dtype=pv_accum, pv16=torch.float16)
+        assert torch.equal(sageattn_reference(q, k, v, **kw), sageattn_reference(q, k, v.half(), **kw))
 
 
 def test_turing_block_sizes_run_and_are_accurate(attn_metrics):
