@@ -15,7 +15,9 @@
 # PROFILE_CASES), NCU_LABEL, NCU_METRICS (extra ncu --metrics, e.g. the stall reasons:
 # regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio), ARCH (TORCH_CUDA_ARCH_LIST
 # for every build, default 9.0; 9.0a for the wgmma variants: -DSAGE_WGMMA=1), VARIANT_TESTS (a
-# variant NAME: also run the sm80 tests of tests/gpu/test_native_sm80_sm89.py on its build).
+# variant NAME: also run the sm80 tests of tests/gpu/test_native_sm80_sm89.py on its build),
+# PROFILE_VARIANT (a variant NAME: the breakdown and ncu steps run its build), NCU_KERNEL (regex
+# of the kernel ncu profiles, default attn_kernel; attn_wgmma for the wgmma variants).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -43,11 +45,12 @@ if [ -n "${VARIANT_TESTS:-}" ]; then
 fi
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null
 pcases=(); for c in $PROFILE_CASES; do pcases+=(--case "$c"); done
+[ -n "${PROFILE_VARIANT:-}" ] && export SAGE_DEV_PACKAGE_ROOT=/tmp/native_build/pkg_${PROFILE_VARIANT}
 timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \
   --label "${NCU_LABEL:-sm80-fp32}" >"$OUT/breakdown.log" 2>&1
 if [ "${NCU:-0}" = 1 ]; then
   for c in $PROFILE_CASES; do
-    timeout 150 ncu --clock-control none -k regex:attn_kernel -c 1 \
+    timeout 150 ncu --clock-control none -k "regex:${NCU_KERNEL:-attn_kernel}" -c 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
       --section MemoryWorkloadAnalysis ${NCU_METRICS:+--metrics "$NCU_METRICS"} \
