@@ -174,10 +174,13 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
 
   const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, Tr::kQKSbo, Tr::kQKSwizzle);
-  auto issue_qk = [&](int32_t (&acc)[BLOCK_N / 2], int kb) {
-    // Accumulators start at kScoreBias: the scores come out as the floats 1.5*2^23 + S.
+  // Accumulators start at kScoreBias (the scores come out as the floats 1.5*2^23 + S). Written
+  // before wgmma_fence: registers a wgmma reads must be final when the fence executes.
+  auto preset_s = [&](int32_t (&acc)[BLOCK_N / 2]) {
     #pragma unroll
     for (int i = 0; i < BLOCK_N / 2; ++i) acc[i] = kScoreBias;
+  };
+  auto issue_qk = [&](int32_t (&acc)[BLOCK_N / 2], int kb) {
     const uint64_t desc_k = wg::make_desc(sK + (kb & 1) * Tr::kKBytes, 16, Tr::kQKSbo, Tr::kQKSwizzle);
     #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 32; ++kk)  // +32 bytes along d per step
@@ -203,6 +206,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   fence_proxy_async_smem();
   __syncthreads();
   int32_t s_i[BLOCK_N / 2];
+  preset_s(s_i);
   wgmma_fence();
   issue_qk(s_i, 0);
   wgmma_commit();
@@ -293,6 +297,8 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
     wgmma_wait<0>();
     wgmma_pin(o);
     #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc) wgmma_pin(pa[kc]);  // P_{kb-1} live until its wgmma is done
+    #pragma unroll
     for (int j = 0; j < kDT; ++j) {
       o[4 * j + 0] *= alpha[0];
       o[4 * j + 1] *= alpha[0];
@@ -313,6 +319,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
     // ---- issue S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb ----
     // The last block issues an unused S too (on the other K buffer's stale tile): no branch around
     // the wgmma groups, which ptxas would otherwise serialize.
+    preset_s(s_i);
     wgmma_fence();
     issue_qk(s_i, kb + 1);
     wgmma_commit();
