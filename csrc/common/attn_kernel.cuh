@@ -110,6 +110,32 @@ constexpr float kScoreBiasF = 0.f;
 __device__ __forceinline__ float score_to_f32(int32_t x) { return static_cast<float>(x); }
 #endif
 
+// Which (batch, head, query block) a CTA owns, and how many K blocks it visits. Causal launches
+// issue the heaviest query blocks first. Shared by attn_kernel and attn_wgmma_kernel.
+struct CtaTile {
+  int b, h, hkv, q0, n_kblocks;
+  int64_t bh, bhkv;  // (batch, q head) and (batch, kv head) row indices
+  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k) {
+    b = blockIdx.z;
+    h = blockIdx.y;
+    const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    q0 = qblk * cta_q;
+    hkv = h / (p.q_heads / p.kv_heads);
+    bh = static_cast<int64_t>(b) * p.q_heads + h;
+    bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
+    n_kblocks = (p.kv_len + block_k - 1) / block_k;
+    if (p.causal) n_kblocks = min(n_kblocks, (q0 + cta_q + block_k - 1) / block_k);
+  }
+};
+
+// Index of the Q scale of the 16 rows starting at row0 (16-aligned) for the thread of row g:
+// per_thread groups rows g, g+8 of each 32-token block, per_warp the 32-token block, per_block 128.
+__device__ __forceinline__ int q_scale_index(QuantGran gran, int row0, int g) {
+  if (gran == QuantGran::kPerThread) return (row0 / 32) * 8 + g;
+  if (gran == QuantGran::kPerWarp) return row0 / 32;
+  return row0 / 128;
+}
+
 // QREG: keep the warp's Q fragments in registers for the whole K loop (else reload them from
 // shared memory every K block, trading shared-memory bandwidth for registers).
 template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
@@ -136,16 +162,9 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.z, h = blockIdx.y;
-  // Causal: the heaviest query blocks start first.
-  const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int q0 = qblk * kCtaQ;
-  const int hkv = h / (p.q_heads / p.kv_heads);
-  const int64_t bh = static_cast<int64_t>(b) * p.q_heads + h;
-  const int64_t bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
-
-  int n_kblocks = (p.kv_len + kIterK - 1) / kIterK;
-  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + kIterK - 1) / kIterK);
+  const CtaTile cta(p, kCtaQ, kIterK);
+  const int b = cta.b, h = cta.h, hkv = cta.hkv, q0 = cta.q0, n_kblocks = cta.n_kblocks;
+  const int64_t bh = cta.bh, bhkv = cta.bhkv;
 
   const int8_t* gQ = p.q + (bh * p.q_pad + q0) * HEAD_DIM;
   const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
@@ -229,12 +248,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   float qs[MT];
   #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    const int row0 = q0 + warp_row0 + mt * 16;  // 16-aligned; its 32-token group is row0 / 32
-    int idx;
-    if (p.gran == QuantGran::kPerThread) idx = (row0 / 32) * 8 + g;
-    else if (p.gran == QuantGran::kPerWarp) idx = row0 / 32;
-    else idx = row0 / 128;
-    qs[mt] = p.q_scale[bh * p.q_groups + idx];
+    qs[mt] = p.q_scale[bh * p.q_groups + q_scale_index(p.gran, q0 + warp_row0 + mt * 16, g)];
   }
 
   // K scales: one per 64-token block, or 4 per block (per_thread: one per t).

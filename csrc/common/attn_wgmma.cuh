@@ -105,15 +105,9 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
   const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.z, h = blockIdx.y;
-  const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int q0 = qblk * kCtaQ;
-  const int hkv = h / (p.q_heads / p.kv_heads);
-  const int64_t bh = static_cast<int64_t>(b) * p.q_heads + h;
-  const int64_t bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
-
-  int n_kblocks = (p.kv_len + BLOCK_N - 1) / BLOCK_N;
-  if (p.causal) n_kblocks = min(n_kblocks, (q0 + kCtaQ + BLOCK_N - 1) / BLOCK_N);
+  const CtaTile cta(p, kCtaQ, BLOCK_N);
+  const int b = cta.b, h = cta.h, hkv = cta.hkv, q0 = cta.q0, n_kblocks = cta.n_kblocks;
+  const int64_t bh = cta.bh, bhkv = cta.bhkv;
 
   const int8_t* gQ = p.q + (bh * p.q_pad + q0) * HEAD_DIM;
   const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
@@ -155,15 +149,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
 
   // ---- per-thread state: rows row0 + g and row0 + g + 8 ----
   const int wrow0 = wgi * 64 + wq * 16;  // inside the CTA
-  float qs;
-  {
-    const int row0 = q0 + wrow0;
-    int idx;
-    if (p.gran == QuantGran::kPerThread) idx = (row0 / 32) * 8 + g;
-    else if (p.gran == QuantGran::kPerWarp) idx = row0 / 32;
-    else idx = row0 / 128;
-    qs = p.q_scale[bh * p.q_groups + idx];
-  }
+  const float qs = p.q_scale[bh * p.q_groups + q_scale_index(p.gran, q0 + wrow0, g)];
   const bool k_per_thread = p.gran == QuantGran::kPerThread;
   const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
   const int ks_step = k_per_thread ? 4 : 1;
