@@ -632,24 +632,30 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     }
 }
 
-// Host side: pick the instantiation and launch on `stream`. Returns the launch error.
-template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
-          typename OutT>
-cudaError_t launch_attn(const AttnParams& p, cudaStream_t stream) {
-  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>;
-  auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, KSUB, PV, ACC, OutT>;
-  // Raise the dynamic shared-memory limit once per device (not per call: keeps graph capture
-  // free of non-stream API calls after the first use).
+// Raises KERNEL's dynamic shared-memory limit once per device (not per call: keeps graph capture
+// free of non-stream API calls after the first use). Host side; one flag set per kernel.
+template <auto KERNEL>
+cudaError_t raise_smem_limit_once(int smem_bytes) {
   static bool configured[64] = {};
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev >= 64 || !configured[dev]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Tr::kSmemBytes);
+    err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (err != cudaSuccess) return err;
     if (dev < 64) configured[dev] = true;
   }
+  return cudaSuccess;
+}
+
+// Host side: pick the instantiation and launch on `stream`. Returns the launch error.
+template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
+          typename OutT>
+cudaError_t launch_attn(const AttnParams& p, cudaStream_t stream) {
+  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>;
+  constexpr auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, KSUB, PV, ACC, OutT>;
+  const cudaError_t err = raise_smem_limit_once<kernel>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
   const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

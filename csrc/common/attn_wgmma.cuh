@@ -347,16 +347,9 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
 template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
 cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
   using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
-  auto kernel = attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>;
-  static bool configured[64] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
+  constexpr auto kernel = attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>;
+  const cudaError_t err = raise_smem_limit_once<kernel>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !configured[dev]) {
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-    if (err != cudaSuccess) return err;
-    if (dev < 64) configured[dev] = true;
-  }
   const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
