@@ -163,6 +163,20 @@ def accuracy(labels) -> list[dict]:
     return rows
 
 
+REFERENCE_COSINE_MIN = 0.99999  # same quantization as sageattention.reference: rounding only
+
+
+def accuracy_verdict(rows: list[dict]) -> str:
+    """One line that a timing table must not be read without: do the outputs match the reference?"""
+    bad = [r for r in rows if not r["finite"] or not r["cos_reference"] >= REFERENCE_COSINE_MIN]
+    if not bad:
+        worst = min(r["cos_reference"] for r in rows) if rows else float("nan")
+        return f"ACCURACY ok: {len(rows)} checks, min cosine vs reference {worst:.6f}"
+    cases = ", ".join(f"{r['kernel']} n={r['n']} d={r['d']} causal={r['causal']}"
+                      f" (cosine {r['cos_reference']:.6f}, finite={r['finite']})" for r in bad)
+    return f"ACCURACY FAILED (timings of this build do not count): {cases}"
+
+
 def timing(labels, dtypes, cases=CASES, causals=(False, True)) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -322,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         results["accuracy"] = accuracy(labels)
         for r in results["accuracy"]:
             print({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+        print(accuracy_verdict(results["accuracy"]))
         (out / "native_dev.json").write_text(json.dumps(results, indent=1))
         if not args.skip_timing:
             results["device"] = torch.cuda.get_device_name()
@@ -340,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                               env=env, capture_output=True, text=True)
         source = "" if tree == ROOT / "csrc" else f" [csrc {tree}]"
         print(f"== variant {name}: {defines}{source}")
-        print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line
+        print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line or "ACCURACY" in line
                         or "geomean" in line)[-3000:] or proc.stderr[-2000:])
         results.setdefault("variants", {})[name] = {"defines": defines, "csrc": str(tree),
                                                     "rc": proc.returncode}

@@ -62,4 +62,4 @@ fi
 # the transfer back takes few files: pack everything
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
 tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
-tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|cos_sdpa32" | tail -n 70
+tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70

@@ -82,6 +82,12 @@ struct WgmmaTraits {
                 (kCtaQ * HEAD_DIM / 16) % kThreads == 0, "copy tiling");
 };
 
+// 1: the softmax of S_{j+1} runs while P_j V_j is in flight. Measured wrong (NaN at n=4096,
+// docs/kernels.md): in the SASS, the softmax's temporaries reuse the physical registers of P_j,
+// the A operand of the in-flight wgmma. 0 (default): wait for P_j V_j before the softmax.
+#ifndef SAGE_WG_PV_OVERLAP
+#define SAGE_WG_PV_OVERLAP 0
+#endif
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
 #endif
@@ -311,7 +317,11 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
     wgmma_commit();
     issue_pv(pa, kb);
     wgmma_commit();
+#if SAGE_WG_PV_OVERLAP
     wgmma_wait<1>();  // S_{kb+1} ready; P_kb V_kb may still run
+#else
+    wgmma_wait<0>();  // S_{kb+1} and P_kb V_kb done: no register of an in-flight wgmma is live
+#endif
     wgmma_pin(s_i);
   }
   wgmma_wait<0>();

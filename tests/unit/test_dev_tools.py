@@ -67,6 +67,18 @@ def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
         native.main(["--family", "sm80", "--variant-csrc", f"x={tmp_path}"])
 
 
+def test_accuracy_verdict_flags_nan_and_reference_mismatch():
+    native = _load("gpu_dev_native")
+    good = {"kernel": "sm80-fp32", "n": 4096, "d": 128, "causal": False, "finite": True,
+            "cos_reference": 0.9999995}
+    assert native.accuracy_verdict([good]).startswith("ACCURACY ok: 1 checks")
+    nan = dict(good, finite=False, cos_reference=float("nan"))  # the pipelined wgmma variant's rows
+    off = dict(good, d=64, cos_reference=0.99915)
+    verdict = native.accuracy_verdict([good, nan, off])
+    assert verdict.startswith("ACCURACY FAILED") and "d=128" in verdict and "d=64" in verdict
+    assert "cosine 0.999150" in verdict and "finite=False" in verdict
+
+
 def test_mma_peak_kernel_source_names_every_operand():
     peak = _load("gpu_dev_mma_peak")
     for ptx, na, nb, nc, ctype, _ in peak.SHAPES.values():
