@@ -110,6 +110,29 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_{ty}_rs(float (&d)[{nreg}], con
 """
 
 
+def ss_16(n: int, ty: str) -> str:
+    """D(f32) += A(16-bit, smem, K-major) * B(16-bit, smem, MN-major), m64 n{n} k16."""
+    nreg = n // 2
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    return f"""
+// D += A * B, {ty} x {ty} -> fp32, m64n{n}k16; A K-major and B MN-major (imm-trans-b = 1), both in
+// shared memory: an in-flight product holds no register but its accumulators.
+__device__ __forceinline__ void wgmma_m64n{n}k16_{ty}_ss(float (&d)[{nreg}], uint64_t desc_a,
+                                                     uint64_t desc_b) {{
+#ifdef SAGE_HAS_WGMMA
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{_regs(nreg)}}}, "
+      "%{nreg}, %{nreg + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+      : {outs}
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+#else
+  __trap();
+#endif
+}}
+"""
+
+
 def main() -> None:
     parts = [HEADER]
     for n in (64, 128):
@@ -117,6 +140,7 @@ def main() -> None:
     for n in (64, 128):
         for ty in ("f16", "bf16"):
             parts.append(rs_16(n, ty))
+            parts.append(ss_16(n, ty))
     parts.append("\n}  // namespace sage\n")
     OUT.write_text("".join(parts))
     print(f"wrote {OUT}")

@@ -25,6 +25,20 @@
 
 namespace sage {
 
+// 1: P goes through shared memory (SS wgmma) instead of registers, so an in-flight P.V holds no
+// register but its accumulators (the register-A form's operands were overwritten, see below).
+#ifndef SAGE_WG_P_SMEM
+#define SAGE_WG_P_SMEM 0
+#endif
+// 1: the softmax of S_{j+1} runs while P_j V_j is in flight. Measured wrong (NaN at n=4096,
+// docs/kernels.md): in the SASS, the softmax's temporaries reuse the physical registers of P_j,
+// the A operand of the in-flight wgmma. 0 (default): wait for P_j V_j before the softmax.
+#ifndef SAGE_WG_PV_OVERLAP
+#define SAGE_WG_PV_OVERLAP 0
+#endif
+#ifndef SAGE_WG_MINB
+#define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
+#endif
 namespace wg {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are ROW_BYTES
@@ -54,6 +68,17 @@ __device__ __forceinline__ void qk_wgmma(int32_t (&s)[N / 2], uint64_t da, uint6
 }
 
 template <int N, PvKind PV>
+__device__ __forceinline__ void pv_wgmma_ss(float (&o)[N / 2], uint64_t da, uint64_t db) {
+  if constexpr (N == 64) {
+    if constexpr (PV == PvKind::kBf16) wgmma_m64n64k16_bf16_ss(o, da, db);
+    else wgmma_m64n64k16_f16_ss(o, da, db);
+  } else {
+    if constexpr (PV == PvKind::kBf16) wgmma_m64n128k16_bf16_ss(o, da, db);
+    else wgmma_m64n128k16_f16_ss(o, da, db);
+  }
+}
+
+template <int N, PvKind PV>
 __device__ __forceinline__ void pv_wgmma(float (&o)[N / 2], const uint32_t (&a)[4], uint64_t db) {
   if constexpr (N == 64) {
     if constexpr (PV == PvKind::kBf16) wgmma_m64n64k16_bf16_rs(o, a, db);
@@ -73,7 +98,10 @@ struct WgmmaTraits {
   static constexpr int kQBytes = kCtaQ * HEAD_DIM;
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
   static constexpr int kVBytes = BLOCK_N * HEAD_DIM * 2;  // HEAD_DIM / 64 atoms x BLOCK_N x 128 B
-  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes + 1024;  // + alignment
+  // P_SMEM: P of each warpgroup, K-major (64 rows x BLOCK_N keys of 16 bits), as 64-key atoms of
+  // 64 rows x 128 bytes (128B swizzle), for a P.V whose A comes from shared memory.
+  static constexpr int kPBytes = SAGE_WG_P_SMEM ? 64 * BLOCK_N * 2 : 0;  // per warpgroup
+  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes + NWG * kPBytes + 1024;
   static constexpr uint32_t kQKSwizzle = HEAD_DIM == 128 ? 1 : 2;  // 128B or 64B
   static constexpr uint32_t kQKSbo = 8 * HEAD_DIM;                // 8 rows of HEAD_DIM bytes
   static_assert(kCtaQ <= 128 && 128 % kCtaQ == 0, "CTA rows must divide the 128-token Q padding");
@@ -82,15 +110,6 @@ struct WgmmaTraits {
                 (kCtaQ * HEAD_DIM / 16) % kThreads == 0, "copy tiling");
 };
 
-// 1: the softmax of S_{j+1} runs while P_j V_j is in flight. Measured wrong (NaN at n=4096,
-// docs/kernels.md): in the SASS, the softmax's temporaries reuse the physical registers of P_j,
-// the A operand of the in-flight wgmma. 0 (default): wait for P_j V_j before the softmax.
-#ifndef SAGE_WG_PV_OVERLAP
-#define SAGE_WG_PV_OVERLAP 0
-#endif
-#ifndef SAGE_WG_MINB
-#define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
-#endif
 template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
 __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(const AttnParams p) {
 #if defined(SAGE_HAS_WGMMA)
@@ -110,6 +129,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
+  [[maybe_unused]] const uint32_t sP = sV + 2 * Tr::kVBytes + wgi * Tr::kPBytes;  // this WG's P
   const int g = lane >> 2, t = lane & 3;
   const CtaTile cta(p, kCtaQ, BLOCK_N);
   const int b = cta.b, h = cta.h, hkv = cta.hkv, q0 = cta.q0, n_kblocks = cta.n_kblocks;
@@ -185,8 +205,15 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
     const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
 #endif
     #pragma unroll
-    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+#if SAGE_WG_P_SMEM
+      // A = P tile: 64-key atom kc / 4, +32 bytes (16 keys) per step inside it; 8 rows = 1024 B
+      const uint64_t desc_p = wg::make_desc(sP + (kc / 4) * (64 * 128) + (kc % 4) * 32, 16, 1024, 1);
+      wg::pv_wgmma_ss<HEAD_DIM, PV>(o, desc_p, desc_v + 128 * kc);
+#else
       wg::pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);  // +16 key rows of 128 bytes
+#endif
+    }
   };
 
   // Pipeline (one warpgroup's view): S_{j+1} = Q K_{j+1} and O += P_j V_j are issued together;
@@ -301,6 +328,19 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
     for (int kc = 0; kc < BLOCK_N / 16; ++kc)
       #pragma unroll
       for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
+#if SAGE_WG_P_SMEM
+    // P_kb to this warpgroup's tile (P_{kb-1} V_{kb-1}, its reader, is done); the fence and the
+    // barrier below make it visible to the tensor cores. Thread: rows wq*16 + g (+8), keys
+    // 16kc + 2t (+1) and 16kc + 8 + 2t (+1).
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = wq * 16 + g + 8 * (e & 1), j = 2 * kc + (e >> 1);  // n8 tile j
+        const uint32_t addr = sP + (j / 8) * (64 * 128) + wg::swizzled<128>(row, j % 8) + 4 * t;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pn[kc][e]) : "memory");
+      }
+#endif
     cp_async_wait<0>();
     fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
     __syncthreads();           // V_kb and K_{kb+1} landed; every warpgroup is past P V_{kb-1}, S_kb
