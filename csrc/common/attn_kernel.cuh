@@ -42,7 +42,7 @@ namespace sage {
 // P.V operands: fp16 P and V, bf16 P and V (bfloat16 V with fp32 accumulation: no conversion of V,
 // no fp16 overflow), or e4m3 P*448 and per-channel scaled e4m3 V^T.
 enum class PvKind { kFp16, kBf16, kFp8 };
-constexpr bool pv_is_16bit(PvKind k) { return k != PvKind::kFp8; }
+__host__ __device__ constexpr bool pv_is_16bit(PvKind k) { return k != PvKind::kFp8; }
 
 constexpr int kBlkK = 64;
 constexpr float kLn2 = 0.69314718055994530942f;
