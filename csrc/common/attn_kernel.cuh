@@ -136,6 +136,19 @@ __device__ __forceinline__ int q_scale_index(QuantGran gran, int row0, int g) {
   return row0 / 128;
 }
 
+// Epilogue pieces both attention kernels share. A row's sum over its quad (the 4 threads that
+// hold its columns), and its LSE in natural log from the base-2 running max and sum (a row that
+// saw no key keeps m = -inf: 0 is used, so the LSE is log(l) = -inf, not NaN).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ void store_lse(const AttnParams& p, int64_t bh, int row, float l,
+                                          float m_run) {
+  const float m = m_run == -INFINITY ? 0.f : m_run;
+  p.lse[bh * p.q_len + row] = (log2f(l) + m) * kLn2;
+}
+
 // QREG: keep the warp's Q fragments in registers for the whole K loop (else reload them from
 // shared memory every K block, trading shared-memory bandwidth for registers).
 template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
@@ -593,9 +606,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   for (int mt = 0; mt < MT; ++mt)
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = l_run[mt][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = quad_sum(l_run[mt][r]);
       const int row = q0 + warp_row0 + mt * 16 + g + 8 * r;
       if (row >= p.q_len) continue;
       float inv = 1.f / l;
@@ -625,10 +636,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         }
         *reinterpret_cast<uint32_t*>(orow + d) = pack_out2<OutT>(a, c);
       }
-      if (p.lse && t == 0) {
-        const float m = m_run[mt][r] == -INFINITY ? 0.f : m_run[mt][r];
-        p.lse[bh * p.q_len + row] = (log2f(l) + m) * kLn2;
-      }
+      if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[mt][r]);
     }
 }
 
@@ -648,17 +656,23 @@ cudaError_t raise_smem_limit_once(int smem_bytes) {
   return cudaSuccess;
 }
 
+// Host side: launch KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes) on `stream` over (query
+// blocks, q heads, batch). Returns the launch error.
+template <auto KERNEL, typename Tr>
+cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream) {
+  const cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
+  KERNEL<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // Host side: pick the instantiation and launch on `stream`. Returns the launch error.
 template <int HEAD_DIM, int MT, int NWARPS, bool QREG, int KSUB, PvKind PV, PvAccum ACC,
           typename OutT>
 cudaError_t launch_attn(const AttnParams& p, cudaStream_t stream) {
-  using Tr = AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>;
-  constexpr auto kernel = attn_kernel<HEAD_DIM, MT, NWARPS, QREG, KSUB, PV, ACC, OutT>;
-  const cudaError_t err = raise_smem_limit_once<kernel>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_over_query_blocks<attn_kernel<HEAD_DIM, MT, NWARPS, QREG, KSUB, PV, ACC, OutT>,
+                                  AttnTraits<HEAD_DIM, MT, NWARPS, PV, KSUB>>(p, stream);
 }
 
 }  // namespace sage

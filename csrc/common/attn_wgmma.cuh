@@ -371,9 +371,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float l = quad_sum(l_run[r]);
     const int row = q0 + wrow0 + g + 8 * r;
     if (row >= p.q_len) continue;
     const float inv = 1.f / l;
@@ -384,10 +382,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
       *reinterpret_cast<uint32_t*>(orow + d) =
           pack_out2<OutT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
-    if (p.lse && t == 0) {
-      const float m = m_run[r] == -INFINITY ? 0.f : m_run[r];
-      p.lse[bh * p.q_len + row] = (log2f(l) + m) * kLn2;
-    }
+    if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[r]);
   }
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
@@ -396,13 +391,8 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
 
 template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
 cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
-  using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
-  constexpr auto kernel = attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>;
-  const cudaError_t err = raise_smem_limit_once<kernel>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
-  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
-  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch_over_query_blocks<attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>,
+                                  WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>>(p, stream);
 }
 
 }  // namespace sage
