@@ -7,6 +7,7 @@ and error-prone by hand. Regenerate after editing SHAPES:
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "csrc" / "common" / "wgmma_ops.cuh"
@@ -133,7 +134,9 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_{ty}_ss(float (&d)[{nreg}], uin
 """
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     parts = [HEADER]
     for n in (64, 128):
         parts.append(ss_s8(n))

@@ -273,3 +273,11 @@ def test_reference_rejects_bad_options(kwargs, match):
     kwargs.setdefault("pv_dtype", "fp8" if kwargs.get("pv_accum_dtype") == "fp16" else "fp16")
     with pytest.raises(ValueError, match=match):
         sageattn_reference(q, k, v, **kwargs)
+
+
+def test_reference_rejects_a_pv16_it_cannot_emulate():
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    with pytest.raises(ValueError, match="pv16"):
+        sageattn_reference(q, k, v, pv16=torch.float32)
+    with pytest.raises(ValueError, match="'fp32' accumulation"):  # bf16 P.V accumulates in fp32 only
+        sageattn_reference(q, k, v, pv16=torch.bfloat16, pv_accum_dtype="fp16+fp32")
