@@ -78,12 +78,29 @@ cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t
 }  // namespace sage
 #include "attn_wgmma.cuh"
 namespace sage {
+#ifndef SAGE_WG_WS
+#define SAGE_WG_WS 0  // 1: the warp-specialized kernel (a producer warpgroup, mbarriers)
+#endif
+#ifndef SAGE_WG_STAGES
+#define SAGE_WG_STAGES 2  // WS: K/V buffers in the ring
+#endif
+#ifndef SAGE_WG_PINGPONG
+#define SAGE_WG_PINGPONG 0  // WS with NWG=2: the consumer warpgroups take turns issuing wgmmas
+#endif
 template <int HEAD_DIM>
 cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t stream) {
   constexpr int kN = HEAD_DIM == 64 ? SAGE_WG_N64 : SAGE_WG_N128;
+#if SAGE_WG_WS
+  if (pv_in_bf16(dtype, PvAccum::kF32))
+    return launch_attn_wgmma_ws<HEAD_DIM, SAGE_WG_NWG, kN, SAGE_WG_STAGES, SAGE_WG_PINGPONG, PvKind::kBf16,
+                                __nv_bfloat16>(p, stream);
+  return launch_attn_wgmma_ws<HEAD_DIM, SAGE_WG_NWG, kN, SAGE_WG_STAGES, SAGE_WG_PINGPONG, PvKind::kFp16,
+                              __half>(p, stream);
+#else
   if (pv_in_bf16(dtype, PvAccum::kF32))
     return launch_attn_wgmma<HEAD_DIM, SAGE_WG_NWG, kN, PvKind::kBf16, __nv_bfloat16>(p, stream);
   return launch_attn_wgmma<HEAD_DIM, SAGE_WG_NWG, kN, PvKind::kFp16, __half>(p, stream);
+#endif
 }
 #else
 template <int HEAD_DIM>

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "attn_kernel.cuh"
+#include "sm90_sync.cuh"
 #include "wgmma_ops.cuh"
 
 namespace sage {
@@ -35,6 +36,9 @@ namespace sage {
 // the A operand of the in-flight wgmma. 0 (default): wait for P_j V_j before the softmax.
 #ifndef SAGE_WG_PV_OVERLAP
 #define SAGE_WG_PV_OVERLAP 0
+#endif
+#ifndef SAGE_WG_PRODUCER_REGS
+#define SAGE_WG_PRODUCER_REGS 56  // WS kernel, two consumer warpgroups: the producer's registers
 #endif
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
@@ -60,6 +64,67 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo, 
          (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
          (static_cast<uint64_t>(swizzle) << 62);
 }
+
+// cp.async copies of one tile into the swizzled layouts by THREADS threads. Thread `tid` copies
+// one 16-byte column chunk of every ROWS_PER_PASS-th row; ROWS_PER_PASS is a multiple of 8, so the
+// swizzle (a function of the row mod 8) is the same for all of a thread's rows and every address
+// is a per-thread base plus a compile-time offset. Rows past `rows` are zero-filled, unread.
+template <int ROW_BYTES, int CHUNKS, int ROWS, int THREADS>
+struct RowCopy {
+  static constexpr int kRowsPerPass = THREADS / CHUNKS;
+  static_assert(THREADS % CHUNKS == 0 && ROWS % kRowsPerPass == 0 && kRowsPerPass % 8 == 0, "copy tiling");
+  int r0;
+  uint32_t dst0;
+  __device__ __forceinline__ RowCopy(int tid, uint32_t dst_of_r0) : r0(tid / CHUNKS), dst0(dst_of_r0) {}
+  // src: row r0 of this tile in global memory; src_stride: elements of T between rows
+  template <typename T>
+  __device__ __forceinline__ void operator()(uint32_t tile, const T* src, int64_t src_stride, int rows) const {
+    if (rows - r0 >= ROWS) {
+      #pragma unroll
+      for (int i = 0; i < ROWS / kRowsPerPass; ++i)
+        cp_async_16(tile + dst0 + i * kRowsPerPass * ROW_BYTES, src + i * kRowsPerPass * src_stride, true);
+    } else {
+      #pragma unroll
+      for (int i = 0; i < ROWS / kRowsPerPass; ++i) {
+        const bool ok = i * kRowsPerPass < rows - r0;
+        cp_async_16(tile + dst0 + i * kRowsPerPass * ROW_BYTES, ok ? src + i * kRowsPerPass * src_stride : src, ok);
+      }
+    }
+  }
+};
+
+// K (or Q): int8 rows of HEAD_DIM bytes, K-major, HEAD_DIM-byte swizzle. K is padded to 64 tokens
+// (zeros past kv_len), so rows are guarded against k_pad only.
+template <int HEAD_DIM, int ROWS, int THREADS>
+struct QKCopy {
+  using Rows = RowCopy<HEAD_DIM, HEAD_DIM / 16, ROWS, THREADS>;
+  Rows rows;
+  const int8_t* src0;  // this thread's first row and column chunk, token 0
+  __device__ __forceinline__ QKCopy(const int8_t* g, int tid)
+      : rows(tid, swizzled<HEAD_DIM>(tid / (HEAD_DIM / 16), tid % (HEAD_DIM / 16))),
+        src0(g + (tid / (HEAD_DIM / 16)) * HEAD_DIM + (tid % (HEAD_DIM / 16)) * 16) {}
+  // rows [tok0, tok0 + ROWS) of which the first `valid` exist
+  __device__ __forceinline__ void operator()(uint32_t tile, int tok0, int valid) const {
+    rows(tile, src0 + static_cast<int64_t>(tok0) * HEAD_DIM, HEAD_DIM, valid);
+  }
+};
+
+// 16-bit V rows from the caller's strides into the MN-major layout (64-column atoms of 128-byte
+// rows, each atom its own block of ROWS rows, 128B swizzle); rows past kv_len zero-filled (P is 0
+// there, V must not be NaN).
+template <int HEAD_DIM, int ROWS, int THREADS>
+struct VCopy {
+  using Rows = RowCopy<128, HEAD_DIM / 8, ROWS, THREADS>;
+  Rows rows;
+  const __half* src0;
+  int64_t v_sn;
+  __device__ __forceinline__ VCopy(const __half* g, int64_t sn, int tid)
+      : rows(tid, (tid % (HEAD_DIM / 8)) / 8 * (ROWS * 128) + swizzled<128>(tid / (HEAD_DIM / 8), tid % 8)),
+        src0(g + (tid / (HEAD_DIM / 8)) * sn + (tid % (HEAD_DIM / 8)) * 8), v_sn(sn) {}
+  __device__ __forceinline__ void operator()(uint32_t tile, int tok0, int valid) const {
+    rows(tile, src0 + static_cast<int64_t>(tok0) * v_sn, v_sn, valid);
+  }
+};
 
 template <int N>
 __device__ __forceinline__ void qk_wgmma(int32_t (&s)[N / 2], uint64_t da, uint64_t db, int acc) {
@@ -89,6 +154,30 @@ __device__ __forceinline__ void pv_wgmma(float (&o)[N / 2], const uint32_t (&a)[
   }
 }
 
+// Score accumulators start at kScoreBias (the scores come out as the floats 1.5*2^23 + S).
+// Written before wgmma_fence: registers a wgmma reads must be final when the fence executes.
+template <int BLOCK_N>
+__device__ __forceinline__ void preset_scores(int32_t (&acc)[BLOCK_N / 2]) {
+  #pragma unroll
+  for (int i = 0; i < BLOCK_N / 2; ++i) acc[i] = kScoreBias;
+}
+// S (+)= Q K^T over HEAD_DIM / 32 k-steps (+32 bytes along d each); K tile at k_tile.
+template <int HEAD_DIM, int BLOCK_N>
+__device__ __forceinline__ void issue_qk(int32_t (&acc)[BLOCK_N / 2], uint64_t desc_q, uint32_t k_tile) {
+  const uint64_t desc_k = make_desc(k_tile, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+  #pragma unroll
+  for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
+    qk_wgmma<BLOCK_N>(acc, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+}
+// O += P V with P from registers (16 keys per step: +16 MN-major V rows of 128 bytes).
+template <int HEAD_DIM, int BLOCK_N, PvKind PV>
+__device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
+                                         uint32_t v_tile) {
+  const uint64_t desc_v = make_desc(v_tile, BLOCK_N * 128, 1024, 1);
+  #pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);
+}
+
 }  // namespace wg
 
 template <int HEAD_DIM, int NWG, int BLOCK_N>
@@ -106,9 +195,140 @@ struct WgmmaTraits {
   static constexpr uint32_t kQKSbo = 8 * HEAD_DIM;                // 8 rows of HEAD_DIM bytes
   static_assert(kCtaQ <= 128 && 128 % kCtaQ == 0, "CTA rows must divide the 128-token Q padding");
   static_assert(BLOCK_N == 64 || BLOCK_N == 128, "64- or 128-key blocks");
-  static_assert((BLOCK_N * HEAD_DIM / 16) % kThreads == 0 && (BLOCK_N * HEAD_DIM / 8) % kThreads == 0 &&
-                (kCtaQ * HEAD_DIM / 16) % kThreads == 0, "copy tiling");
 };
+
+namespace wg {
+
+// One K block's setup for the thread's rows row0 + g and row0 + g + 8 (row0 = the warp's first
+// query row): the dequantization factors of its 64-key scale blocks, whether any of the warp's
+// rows needs masking, and each row's key limit relative to the thread's first column 2t.
+template <int BLOCK_N>
+struct KBlock {
+  float dq[BLOCK_N / kBlkK];
+  bool need_mask;
+  int limit[2];
+  __device__ __forceinline__ KBlock(const AttnParams& p, int kb, float qs, const float* ks_src,
+                                    int ks_step, int row0, int g, int t) {
+    #pragma unroll
+    for (int sub = 0; sub < BLOCK_N / kBlkK; ++sub) {
+      const int blk = kb * (BLOCK_N / kBlkK) + sub;
+      dq[sub] = qs * (blk < p.k_pad / kBlkK ? ks_src[blk * ks_step] : 1.f);
+    }
+    const int k0 = kb * BLOCK_N;
+    need_mask = (k0 + BLOCK_N > p.kv_len) || (p.causal && k0 + BLOCK_N - 1 > row0);
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + 8 * r;
+      limit[r] = (p.causal ? min(p.kv_len, row + 1) : p.kv_len) - (k0 + 2 * t);
+    }
+  }
+};
+
+// Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
+// the running max and sum, returns the O rescale factors and P as the 16-bit A fragments of the
+// P.V wgmma (n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15, the mma.m16n8k16 A layout).
+template <int BLOCK_N, PvKind PV>
+__device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                               uint32_t (&pn)[BLOCK_N / 16][4]) {
+  constexpr int kNT = BLOCK_N / 8;
+  constexpr int kSub = BLOCK_N / kBlkK;
+  float sf[BLOCK_N / 2];
+  #pragma unroll
+  for (int j = 0; j < kNT; ++j)
+    #pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v = score_to_f32(s[4 * j + e]);
+      if (blk.need_mask && j * 8 + (e & 1) >= blk.limit[e >> 1]) v = -INFINITY;
+      sf[4 * j + e] = v;
+    }
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+    #pragma unroll
+    for (int sub = 0; sub < kSub; ++sub) {
+      float mraw;
+      if constexpr (kScoreBias != 0) {
+        // biased scores are positive floats (masked: -inf): their bits order like the values
+        int max_bits = __float_as_int(-INFINITY);
+        #pragma unroll
+        for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+          max_bits = __vimax3_s32(max_bits, __float_as_int(sf[4 * j + 2 * r]),
+                                  __float_as_int(sf[4 * j + 2 * r + 1]));
+        mraw = __int_as_float(max_bits);
+      } else {
+        mraw = -INFINITY;
+        #pragma unroll
+        for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+          mraw = fmaxf(mraw, fmaxf(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]));
+      }
+      mraw -= kScoreBiasF;  // exact (an integer below 2^24), or -inf
+      mx = sub == 0 ? mraw * blk.dq[sub] : fmaxf(mx, mraw * blk.dq[sub]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[r], mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
+    alpha[r] = fast_exp2(m_run[r] - m_use);
+    m_run[r] = m_new;
+    float neg_c[kSub];  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
+    #pragma unroll
+    for (int sub = 0; sub < kSub; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+    float rowsum = 0.f;
+    #pragma unroll
+    for (int j = 0; j < kNT; ++j)
+      #pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pv = fast_exp2(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]));
+        sf[4 * j + 2 * r + e] = pv;
+        rowsum += pv;
+      }
+    l_run[r] = l_run[r] * alpha[r] + rowsum;
+  }
+  #pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+    pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
+    pn[kc][1] = pack_p16<PV>(sf[8 * kc + 2], sf[8 * kc + 3]);
+    pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
+    pn[kc][3] = pack_p16<PV>(sf[8 * kc + 6], sf[8 * kc + 7]);
+  }
+}
+
+template <int HEAD_DIM>
+__device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 2], const float (&alpha)[2]) {
+  #pragma unroll
+  for (int j = 0; j < HEAD_DIM / 8; ++j) {
+    o[4 * j + 0] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
+  }
+}
+
+// Epilogue of the thread's rows row0 + g (+8): O / l in the output's dtype, and the LSE.
+template <int HEAD_DIM, typename OutT>
+__device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)[HEAD_DIM / 2],
+                                           const float (&l_run)[2], const float (&m_run)[2], int b,
+                                           int h, int64_t bh, int row0, int g, int t) {
+  OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(l_run[r]);
+    const int row = row0 + g + 8 * r;
+    if (row >= p.q_len) continue;
+    const float inv = 1.f / l;
+    OutT* orow = out + row * p.o_sn;
+    #pragma unroll
+    for (int j = 0; j < HEAD_DIM / 8; ++j) {
+      const int d = j * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(orow + d) =
+          pack_out2<OutT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[r]);
+  }
+}
+
+}  // namespace wg
 
 template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
 __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(const AttnParams p) {
@@ -116,9 +336,6 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   using Tr = WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>;
   constexpr int kThreads = Tr::kThreads;
   constexpr int kCtaQ = Tr::kCtaQ;
-  constexpr int kNT = BLOCK_N / 8;   // n8 tiles of S
-  constexpr int kDT = HEAD_DIM / 8;  // n8 tiles of O
-  constexpr int kSub = BLOCK_N / kBlkK;  // 64-token K scale blocks per K block
   static_assert(pv_is_16bit(PV), "16-bit P.V");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -140,35 +357,15 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   const __half* gV = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + hkv * p.v_sh;  // 16-bit
 
   // ---- async copies into the swizzled layouts ----
-  constexpr int kQKChunks = HEAD_DIM / 16;  // 16-byte chunks per int8 row
-  constexpr int kVChunks = HEAD_DIM / 8;    // per 16-bit V row
+  const wg::QKCopy<HEAD_DIM, BLOCK_N, kThreads> copy_k(gK, tid);
+  const wg::VCopy<HEAD_DIM, BLOCK_N, kThreads> copy_v(gV, p.v_sn, tid);
   auto load_k = [&](int kb, int buf) {
-    const uint32_t dst = sK + buf * Tr::kKBytes;
-    #pragma unroll
-    for (int i = 0; i < BLOCK_N * kQKChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads, r = c / kQKChunks, ch = c % kQKChunks;
-      const int tok = kb * BLOCK_N + r;
-      const bool ok = tok < p.k_pad;  // K is padded to 64 tokens (zeros past kv_len)
-      cp_async_16(dst + wg::swizzled<HEAD_DIM>(r, ch),
-                  ok ? gK + static_cast<int64_t>(tok) * HEAD_DIM + ch * 16 : gK, ok);
-    }
+    copy_k(sK + buf * Tr::kKBytes, kb * BLOCK_N, p.k_pad - kb * BLOCK_N);
   };
   auto load_v = [&](int kb, int buf) {
-    const uint32_t dst = sV + buf * Tr::kVBytes;
-    #pragma unroll
-    for (int i = 0; i < BLOCK_N * kVChunks / kThreads; ++i) {
-      const int c = tid + i * kThreads, r = c / kVChunks, ch = c % kVChunks;
-      const int tok = kb * BLOCK_N + r;
-      const bool ok = tok < p.kv_len;  // zero-fill past the end: P is 0 there, V must not be NaN
-      cp_async_16(dst + (ch / 8) * (BLOCK_N * 128) + wg::swizzled<128>(r, ch % 8),
-                  ok ? gV + static_cast<int64_t>(tok) * p.v_sn + ch * 8 : gV, ok);
-    }
+    copy_v(sV + buf * Tr::kVBytes, kb * BLOCK_N, p.kv_len - kb * BLOCK_N);
   };
-  #pragma unroll
-  for (int i = 0; i < kCtaQ * kQKChunks / kThreads; ++i) {
-    const int c = tid + i * kThreads, r = c / kQKChunks, ch = c % kQKChunks;
-    cp_async_16(sQ + wg::swizzled<HEAD_DIM>(r, ch), gQ + r * HEAD_DIM + ch * 16, true);
-  }
+  wg::QKCopy<HEAD_DIM, kCtaQ, kThreads>(gQ, tid)(sQ, 0, kCtaQ);
   load_k(0, 0);
   load_v(0, 0);
   cp_async_commit();
@@ -186,35 +383,23 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
 
   const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, Tr::kQKSbo, Tr::kQKSwizzle);
-  // Accumulators start at kScoreBias (the scores come out as the floats 1.5*2^23 + S). Written
-  // before wgmma_fence: registers a wgmma reads must be final when the fence executes.
-  auto preset_s = [&](int32_t (&acc)[BLOCK_N / 2]) {
-    #pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; ++i) acc[i] = kScoreBias;
-  };
   auto issue_qk = [&](int32_t (&acc)[BLOCK_N / 2], int kb) {
-    const uint64_t desc_k = wg::make_desc(sK + (kb & 1) * Tr::kKBytes, 16, Tr::kQKSbo, Tr::kQKSwizzle);
-    #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 32; ++kk)  // +32 bytes along d per step
-      wg::qk_wgmma<BLOCK_N>(acc, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+    wg::issue_qk<HEAD_DIM, BLOCK_N>(acc, desc_q, sK + (kb & 1) * Tr::kKBytes);
   };
   auto issue_pv = [&](const uint32_t (&pa)[BLOCK_N / 16][4], int kb) {
-#ifdef SAGE_WG_VSWAP  // tuning probe: the MN-major atom / 8-row-group strides the other way round
-    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, 1024, BLOCK_N * 128, 1);
-#else
+#if SAGE_WG_P_SMEM
     const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
-#endif
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-#if SAGE_WG_P_SMEM
       // A = P tile: 64-key atom kc / 4, +32 bytes (16 keys) per step inside it; 8 rows = 1024 B
       const uint64_t desc_p = wg::make_desc(sP + (kc / 4) * (64 * 128) + (kc % 4) * 32, 16, 1024, 1);
       wg::pv_wgmma_ss<HEAD_DIM, PV>(o, desc_p, desc_v + 128 * kc);
-#else
-      wg::pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);  // +16 key rows of 128 bytes
-#endif
     }
+#else
+    wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + (kb & 1) * Tr::kVBytes);
+#endif
   };
+  auto preset_s = wg::preset_scores<BLOCK_N>;
 
   // Pipeline (one warpgroup's view): S_{j+1} = Q K_{j+1} and O += P_j V_j are issued together;
   // the softmax of S_{j+1} then runs while P_j V_j is still on the tensor cores. K is copied two
@@ -235,95 +420,17 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   uint32_t pa[BLOCK_N / 16][4];
   for (int kb = 0; kb < n_kblocks; ++kb) {
     // ---- softmax of S_kb (base 2) while P_{kb-1} V_{kb-1} runs ----
-    float dq[kSub];
-    #pragma unroll
-    for (int sub = 0; sub < kSub; ++sub) {
-      const int blk = kb * kSub + sub;
-      dq[sub] = qs * (blk < p.k_pad / kBlkK ? ks_src[blk * ks_step] : 1.f);
-    }
-    const int k0 = kb * BLOCK_N;
-    const bool need_mask = (k0 + BLOCK_N > p.kv_len) || (p.causal && k0 + BLOCK_N - 1 > q0 + wrow0);
-    float sf[BLOCK_N / 2];
-    int limit[2];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = q0 + wrow0 + g + 8 * r;
-      limit[r] = (p.causal ? min(p.kv_len, row + 1) : p.kv_len) - (k0 + 2 * t);
-    }
-    #pragma unroll
-    for (int j = 0; j < kNT; ++j)
-      #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = score_to_f32(s_i[4 * j + e]);
-        if (need_mask && j * 8 + (e & 1) >= limit[e >> 1]) v = -INFINITY;
-        sf[4 * j + e] = v;
-      }
+    const wg::KBlock<BLOCK_N> blk(p, kb, qs, ks_src, ks_step, q0 + wrow0, g, t);
     float alpha[2];
     uint32_t pn[BLOCK_N / 16][4];
-    #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-      #pragma unroll
-      for (int sub = 0; sub < kSub; ++sub) {
-        float mraw;
-        if constexpr (kScoreBias != 0) {
-          // biased scores are positive floats (masked: -inf): their bits order like the values
-          int max_bits = __float_as_int(-INFINITY);
-          #pragma unroll
-          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-            max_bits = __vimax3_s32(max_bits, __float_as_int(sf[4 * j + 2 * r]),
-                                    __float_as_int(sf[4 * j + 2 * r + 1]));
-          mraw = __int_as_float(max_bits);
-        } else {
-          mraw = -INFINITY;
-          #pragma unroll
-          for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-            mraw = fmaxf(mraw, fmaxf(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]));
-        }
-        mraw -= kScoreBiasF;  // exact (an integer below 2^24), or -inf
-        mx = sub == 0 ? mraw * dq[sub] : fmaxf(mx, mraw * dq[sub]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[r], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
-      alpha[r] = fast_exp2(m_run[r] - m_use);
-      m_run[r] = m_new;
-      float neg_c[kSub];  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
-      #pragma unroll
-      for (int sub = 0; sub < kSub; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, dq[sub], m_use);
-      float rowsum = 0.f;
-      #pragma unroll
-      for (int j = 0; j < kNT; ++j)
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = fast_exp2(fmaf(sf[4 * j + 2 * r + e], dq[j / 8], neg_c[j / 8]));
-          sf[4 * j + 2 * r + e] = pv;
-          rowsum += pv;
-        }
-      l_run[r] = l_run[r] * alpha[r] + rowsum;
-    }
-    // P's A fragments: n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15 (mma.m16n8k16 A layout)
-    #pragma unroll
-    for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
-      pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
-      pn[kc][1] = pack_p16<PV>(sf[8 * kc + 2], sf[8 * kc + 3]);
-      pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
-      pn[kc][3] = pack_p16<PV>(sf[8 * kc + 6], sf[8 * kc + 7]);
-    }
+    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
 
     // ---- P_{kb-1} V_{kb-1} done: rescale O, hand over the buffers ----
     wgmma_wait<0>();
     wgmma_pin(o);
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc) wgmma_pin(pa[kc]);  // P_{kb-1} live until its wgmma is done
-    #pragma unroll
-    for (int j = 0; j < kDT; ++j) {
-      o[4 * j + 0] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
+    wg::rescale<HEAD_DIM>(o, alpha);
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc)
       #pragma unroll
@@ -367,23 +474,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   wgmma_wait<0>();
   wgmma_pin(o);
 
-  // ---- epilogue: O / l, LSE ----
-  OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(l_run[r]);
-    const int row = q0 + wrow0 + g + 8 * r;
-    if (row >= p.q_len) continue;
-    const float inv = 1.f / l;
-    OutT* orow = out + row * p.o_sn;
-    #pragma unroll
-    for (int j = 0; j < kDT; ++j) {
-      const int d = j * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(orow + d) =
-          pack_out2<OutT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-    }
-    if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[r]);
-  }
+  wg::store_rows<HEAD_DIM, OutT>(p, o, l_run, m_run, b, h, bh, q0 + wrow0, g, t);
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
 #endif
@@ -393,6 +484,168 @@ template <int HEAD_DIM, int NWG, int BLOCK_N, PvKind PV, typename OutT>
 cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
   return launch_over_query_blocks<attn_wgmma_kernel<HEAD_DIM, NWG, BLOCK_N, PV, OutT>,
                                   WgmmaTraits<HEAD_DIM, NWG, BLOCK_N>>(p, stream);
+}
+
+// ---- Warp-specialized variant (SAGE_WG_WS): a producer warpgroup copies, consumers only compute ----
+//
+// The kernel above keeps a CTA barrier per K block, which holds its warpgroups in lockstep: they
+// run their softmax at the same time and then queue their wgmmas at the same time, so the tensor
+// cores idle through every softmax. Here warpgroup NWG (the last) is a producer: its 128 threads
+// cp.async Q once and K/V into a ring of STAGES buffers, each buffer's arrival signalled on an
+// mbarrier (cp.async.mbarrier.arrive.noinc), and wait for the consumers to release a buffer (an
+// "empty" mbarrier) before refilling it. The consumer warpgroups never meet at a barrier, so their
+// softmax and MMA phases can drift apart; PINGPONG additionally makes them take turns issuing
+// their wgmmas (named barriers), so one's softmax overlaps the other's products.
+// The producer gives most of its registers to the consumers (setmaxnreg).
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES>
+struct WgmmaWsTraits {
+  static constexpr int kConsumers = NWG * 128;
+  static constexpr int kThreads = kConsumers + 128;
+  static constexpr int kCtaQ = NWG * 64;
+  static constexpr int kQBytes = kCtaQ * HEAD_DIM;
+  static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
+  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * 2;
+  static constexpr int kBarBytes = (3 * STAGES + 1) * 8;  // full K, full V, empty per stage; Q
+  static constexpr int kSmemBytes = kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
+  // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
+  static constexpr int kMinBlocks = NWG == 1 ? 2 : 1;
+  // setmaxnreg moves registers from the producer to the consumers: each thread enters with
+  // kEntryRegs (what the launch bounds leave, rounded down to 8), and NWG * consumer + producer
+  // = (NWG + 1) * kEntryRegs (multiples of 8).
+  static constexpr int kEntryRegs = 65536 / (kThreads * kMinBlocks) / 8 * 8;
+  static constexpr int kProducerRegs = SAGE_WG_PRODUCER_REGS;
+  static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
+  static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups (the Q padding is 128 rows)");
+  static_assert(STAGES >= 2, "at least double buffering");
+  static_assert(NWG * kConsumerRegs + kProducerRegs <= (NWG + 1) * kEntryRegs && kProducerRegs % 8 == 0 &&
+                kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
+};
+
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT>
+__global__ void __launch_bounds__((NWG + 1) * 128, NWG == 1 ? 2 : 1) attn_wgmma_ws_kernel(const AttnParams p) {
+#if defined(SAGE_HAS_WGMMA)
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>;
+  static_assert(pv_is_16bit(PV), "16-bit P.V");
+  static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
+
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sV = sK + STAGES * Tr::kKBytes;
+  const uint32_t bars = sV + STAGES * Tr::kVBytes;
+  auto full_k = [&](int st) { return bars + 8 * st; };
+  auto full_v = [&](int st) { return bars + 8 * (STAGES + st); };
+  auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
+  const uint32_t full_q = bars + 8 * (3 * STAGES);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wgi = warp >> 2;
+  const CtaTile cta(p, Tr::kCtaQ, BLOCK_N);
+  const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
+  const int64_t bh = cta.bh, bhkv = cta.bhkv;
+
+  if (tid == 0) {
+    for (int st = 0; st < STAGES; ++st) {
+      sm90::mbar_init(full_k(st), 128);  // one cp.async arrival per producer thread
+      sm90::mbar_init(full_v(st), 128);
+      sm90::mbar_init(empty(st), Tr::kConsumers);
+    }
+    sm90::mbar_init(full_q, 128);
+  }
+  __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
+
+  if (wgi == NWG) {  // ---- producer ----
+    sm90::regs_lower<Tr::kProducerRegs>();
+    const int ptid = tid - Tr::kConsumers;
+    const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
+    const __half* gV = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + cta.hkv * p.v_sh;
+    wg::QKCopy<HEAD_DIM, Tr::kCtaQ, 128>(p.q + (bh * p.q_pad + q0) * HEAD_DIM, ptid)(sQ, 0, Tr::kCtaQ);
+    sm90::mbar_arrive_on_cp_async(full_q);
+    const wg::QKCopy<HEAD_DIM, BLOCK_N, 128> copy_k(gK, ptid);
+    const wg::VCopy<HEAD_DIM, BLOCK_N, 128> copy_v(gV, p.v_sn, ptid);
+    for (int kb = 0; kb < n_kblocks; ++kb) {
+      const int st = kb % STAGES;
+      if (kb >= STAGES) sm90::mbar_wait(empty(st), (kb / STAGES - 1) & 1);  // its last reader is done
+      copy_k(sK + st * Tr::kKBytes, kb * BLOCK_N, p.k_pad - kb * BLOCK_N);
+      sm90::mbar_arrive_on_cp_async(full_k(st));
+      copy_v(sV + st * Tr::kVBytes, kb * BLOCK_N, p.kv_len - kb * BLOCK_N);
+      sm90::mbar_arrive_on_cp_async(full_v(st));
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  // ---- consumers: warpgroup wgi owns query rows wgi*64 .. wgi*64+63 of the CTA ----
+  sm90::regs_raise<Tr::kConsumerRegs>();
+  const int wq = warp & 3, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + wgi * 64 + wq * 16;  // the warp's first query row
+  const float qs = p.q_scale[bh * p.q_groups + q_scale_index(p.gran, row0, g)];
+  const bool k_per_thread = p.gran == QuantGran::kPerThread;
+  const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
+  const int ks_step = k_per_thread ? 4 : 1;
+
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float o[HEAD_DIM / 2];
+  #pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+
+  // Ping-pong: warpgroup w issues its products after the other one has issued its own (named
+  // barrier 1 + w: its 128 threads wait, the other's 128 arrive); warpgroup 1 lets 0 go first.
+  constexpr int kTurnThreads = 256;
+  if constexpr (PINGPONG) {
+    if (wgi == 1) sm90::named_arrive(1, kTurnThreads);
+  }
+
+  int32_t s_i[BLOCK_N / 2];
+  sm90::mbar_wait(full_q, 0);
+  sm90::mbar_wait(full_k(0), 0);
+  fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
+  wg::preset_scores<BLOCK_N>(s_i);
+  wgmma_fence();
+  wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_pin(s_i);
+
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    const int st = kb % STAGES, nst = (kb + 1) % STAGES;
+    const wg::KBlock<BLOCK_N> blk(p, kb, qs, ks_src, ks_step, row0, g, t);
+    float alpha[2];
+    uint32_t pa[BLOCK_N / 16][4];
+    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
+    wg::rescale<HEAD_DIM>(o, alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+
+    sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
+    if (kb + 1 < n_kblocks) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
+    fence_proxy_async_smem();
+    if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
+    // S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb back to back. The last block issues an unused S on
+    // a stale buffer (nothing refills it any more): no branch around the wgmma groups.
+    wg::preset_scores<BLOCK_N>(s_i);
+    wgmma_fence();
+    wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
+    wgmma_commit();
+    wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+    wgmma_commit();
+    if constexpr (PINGPONG) {
+      if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
+    }
+    wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
+    wgmma_pin(s_i);
+    wgmma_pin(o);
+    sm90::mbar_arrive(empty(st));
+  }
+  wg::store_rows<HEAD_DIM, OutT>(p, o, l_run, m_run, b, h, bh, row0, g, t);
+#else
+  __trap();  // built without sm_90a: the launcher never selects this kernel
+#endif
+}
+
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT>
+cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
+  return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT>,
+                                  WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>>(p, stream);
 }
 
 }  // namespace sage
