@@ -40,6 +40,18 @@ namespace sage {
 #ifndef SAGE_WG_PRODUCER_REGS
 #define SAGE_WG_PRODUCER_REGS 56  // WS kernel, two consumer warpgroups: the producer's registers
 #endif
+#ifndef SAGE_WG_WS_MINB
+#define SAGE_WG_WS_MINB 0  // WS kernel: CTAs per SM to leave registers for (0: 2 with one consumer warpgroup, else 1)
+#endif
+#ifndef SAGE_WG_KS_PREFETCH
+#define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
+#endif
+#ifndef SAGE_WG_RESCALE_SKIP
+#define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
+#endif
+#ifndef SAGE_WG_WS_OVERLAP
+#define SAGE_WG_WS_OVERLAP 0  // WS kernel: the softmax of S_{kb+1} while P_kb V_kb runs
+#endif
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
 #endif
@@ -508,7 +520,7 @@ struct WgmmaWsTraits {
   static constexpr int kBarBytes = (3 * STAGES + 1) * 8;  // full K, full V, empty per stage; Q
   static constexpr int kSmemBytes = kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
-  static constexpr int kMinBlocks = NWG == 1 ? 2 : 1;
+  static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
   // setmaxnreg moves registers from the producer to the consumers: each thread enters with
   // kEntryRegs (what the launch bounds leave, rounded down to 8), and NWG * consumer + producer
   // = (NWG + 1) * kEntryRegs (multiples of 8).
@@ -522,7 +534,8 @@ struct WgmmaWsTraits {
 };
 
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT>
-__global__ void __launch_bounds__((NWG + 1) * 128, NWG == 1 ? 2 : 1) attn_wgmma_ws_kernel(const AttnParams p) {
+__global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
+    attn_wgmma_ws_kernel(const AttnParams p) {
 #if defined(SAGE_HAS_WGMMA)
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>;
   static_assert(pv_is_16bit(PV), "16-bit P.V");
@@ -608,13 +621,72 @@ __global__ void __launch_bounds__((NWG + 1) * 128, NWG == 1 ? 2 : 1) attn_wgmma_
   wgmma_wait<0>();
   wgmma_pin(s_i);
 
+  // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
+  // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
+  wg::KBlock<BLOCK_N> blk(p, 0, qs, ks_src, ks_step, row0, g, t);
+#if SAGE_WG_WS_OVERLAP
+  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
+  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
+  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
+  // first pipelined kernel failed exactly so, docs/kernels.md).
+  const bool never = p.q_len < 0;
+  const uint32_t scratch = sQ;
+  uint32_t pa[BLOCK_N / 16][4];
+  {
+    float alpha[2];
+    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);  // O is still 0
+  }
   for (int kb = 0; kb < n_kblocks; ++kb) {
     const int st = kb % STAGES, nst = (kb + 1) % STAGES;
-    const wg::KBlock<BLOCK_N> blk(p, kb, qs, ks_src, ks_step, row0, g, t);
+    const bool more = kb + 1 < n_kblocks;
+    sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
+    if (more) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
+    fence_proxy_async_smem();
+    if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
+    wg::preset_scores<BLOCK_N>(s_i);
+    wgmma_fence();
+    wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
+    wgmma_commit();
+    wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+    wgmma_commit();
+    if constexpr (PINGPONG) {
+      if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
+    }
+    blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);
+    wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
+    wgmma_pin(s_i);
+    float alpha[2] = {1.f, 1.f};
+    uint32_t pn[BLOCK_N / 16][4];
+    if (more) wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
+    wgmma_wait<0>();
+    wgmma_pin(o);
+    if (never) {
+      #pragma unroll
+      for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
+                     "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
+                     : "memory");
+    }
+    sm90::mbar_arrive(empty(st));
+    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+      wg::rescale<HEAD_DIM>(o, alpha);
+    #pragma unroll
+    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
+  }
+#else
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    const int st = kb % STAGES, nst = (kb + 1) % STAGES;
+#if !SAGE_WG_KS_PREFETCH
+    blk = wg::KBlock<BLOCK_N>(p, kb, qs, ks_src, ks_step, row0, g, t);
+#endif
     float alpha[2];
     uint32_t pa[BLOCK_N / 16][4];
     wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
-    wg::rescale<HEAD_DIM>(o, alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+    // P_{kb-1} V_{kb-1} completed last iteration; a warp whose row maxima all stayed skips it
+    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+      wg::rescale<HEAD_DIM>(o, alpha);
 
     sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
     if (kb + 1 < n_kblocks) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
@@ -631,11 +703,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, NWG == 1 ? 2 : 1) attn_wgmma_
     if constexpr (PINGPONG) {
       if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
     }
+#if SAGE_WG_KS_PREFETCH
+    blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);  // in range: guarded
+#endif
     wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
     wgmma_pin(s_i);
     wgmma_pin(o);
     sm90::mbar_arrive(empty(st));
   }
+#endif
   wg::store_rows<HEAD_DIM, OutT>(p, o, l_run, m_run, b, h, bh, row0, g, t);
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
