@@ -1,0 +1,95 @@
+// Torch bindings of the sm90 family (INT8 QK^T, 16-bit PV on Hopper's wgmma, "fp32" accumulation).
+// The op schemas are defined here once; fake implementations live in sageattention/native/sm90.py.
+#include <Python.h>
+
+#include "../common/torch_glue.h"
+#include "launchers.h"
+
+namespace sage::sm90 {
+namespace {
+
+// The kernels are sm_90a SASS only (wgmma, setmaxnreg exist nowhere else): say so instead of
+// failing the launch with "no kernel image is available for execution on the device".
+void check_device(const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda(), "sageattention_sm90 needs CUDA tensors, got a tensor on ", x.device());
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0,
+              "sageattention_sm90 kernels are built for sm_90a and run only on compute capability "
+              "9.0 GPUs (H100, H200); ", prop->name, " is ", prop->major, ".", prop->minor,
+              ": use the sm80 family (torch.ops.sageattention_sm80) or sageattention.sageattn()");
+}
+
+void check_accum(const std::string& a) {
+  TORCH_CHECK(a == "fp32",
+              "pv_accum_dtype for the sm90 family must be 'fp32' (its only accumulation mode), "
+              "got '", a, "'; 'fp16+fp32' and 'fp16' are the sm80 family's");
+}
+
+std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
+                                                 const c10::optional<at::Tensor>& mean,
+                                                 const std::string& tensor_layout,
+                                                 const std::string& qk_quant_gran, bool is_key,
+                                                 double scale_mult) {
+  check_device(x);
+  return glue::quant_int8(&sm90::quant_int8, x, mean, glue::parse_layout(tensor_layout),
+                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& tensor_layout,
+    bool is_causal, double sm_scale, const std::string& qk_quant_gran,
+    const std::string& pv_accum_dtype, bool smooth_k, bool return_lse) {
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  check_accum(pv_accum_dtype);
+  glue::check_qkv(q, k, v, hnd);
+  check_device(q);
+  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  const glue::QuantizedQK qk = glue::quantize_qk(&sm90::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  // "fp32" accumulation: V as given, fp16 or bf16 (check_qkv: q's dtype), P.V in that type.
+  const DType dtype = glue::dtype_of(q);
+  const at::Tensor v16 = glue::vector_friendly(v);
+  const glue::View V = glue::view_of(v16, hnd);
+
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
+  AttnParams p{};
+  glue::fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse,
+                         return_lse, gran, is_causal);
+  p.v = v16.data_ptr();
+  p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaError_t err = qk.Q.D == 64 ? attn_hd64(p, dtype, stream) : attn_hd128(p, dtype, stream);
+  TORCH_CHECK(err == cudaSuccess, "sageattention_sm90 attention launch failed: ",
+              cudaGetErrorString(err));
+  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
+  return {out, lse};
+}
+
+}  // namespace
+}  // namespace sage::sm90
+
+TORCH_LIBRARY(sageattention_sm90, m) {
+  m.def(
+      "quant_int8(Tensor x, Tensor? mean, str tensor_layout, str qk_quant_gran, bool is_key, "
+      "float scale_mult) -> (Tensor, Tensor)");
+  m.def(
+      "qk_int8_pv_fp16(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
+      "float sm_scale, str qk_quant_gran, str pv_accum_dtype, bool smooth_k, bool return_lse) "
+      "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention_sm90, CUDA, m) {
+  m.impl("quant_int8", &sage::sm90::quant_int8_op);
+  m.impl("qk_int8_pv_fp16", &sage::sm90::qk_int8_pv_fp16_op);
+}
+
+// `import sageattention._kernels_sm90` runs the registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__kernels_sm90(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_kernels_sm90",
+                            "INT8 QK, FP16 PV wgmma kernels for sm_90a (ops in torch.ops.sageattention_sm90)",
+                            -1, nullptr};
+  return PyModule_Create(&def);
+}

@@ -1,0 +1,11 @@
+// sm90 family: fused INT8 quantization of Q and K (the shared kernels, built for sm_90a).
+#include "../common/quant_kernels.cuh"
+#include "launchers.h"
+
+namespace sage::sm90 {
+
+cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream) {
+  return launch_quant_int8(p, batch, dtype, stream);
+}
+
+}  // namespace sage::sm90

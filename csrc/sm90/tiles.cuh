@@ -1,0 +1,34 @@
+// The sm90 family's tile per head dim and the one runtime -> compile-time switch (input dtype ->
+// P.V type) of its warp-specialized wgmma kernel (csrc/common/attn_wgmma.cuh). Shipped shapes, as
+// measured on the H200 (benchmarks/results/h200-2026-12-03-wgmma-ws1.log): d=128 two consumer
+// warpgroups (128 query rows per CTA), d=64 one (two CTAs per SM); 128-key blocks, a ring of two
+// K/V buffers, no ping-pong.
+#pragma once
+#include "../common/attn_wgmma.cuh"
+
+namespace sage::sm90 {
+
+template <int HEAD_DIM>
+struct Tile;
+template <>
+struct Tile<64> {
+  static constexpr int kConsumerWarpgroups = 1, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+template <>
+struct Tile<128> {
+  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+  static constexpr bool kPingPong = false;
+};
+
+template <int HEAD_DIM>
+cudaError_t launch_attention(const AttnParams& p, DType dtype, cudaStream_t stream) {
+  using T = Tile<HEAD_DIM>;
+  if (pv_in_bf16(dtype, PvAccum::kF32))
+    return launch_attn_wgmma_ws<HEAD_DIM, T::kConsumerWarpgroups, T::kBlockN, T::kStages, T::kPingPong,
+                                PvKind::kBf16, __nv_bfloat16>(p, stream);
+  return launch_attn_wgmma_ws<HEAD_DIM, T::kConsumerWarpgroups, T::kBlockN, T::kStages, T::kPingPong,
+                              PvKind::kFp16, __half>(p, stream);
+}
+
+}  // namespace sage::sm90
