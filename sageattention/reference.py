@@ -42,6 +42,7 @@ FAMILY_BLOCK_SIZES = {
     "sm75": {"blkq": 128, "blkk": 32, "warpq": 16},
     "sm80": {"blkq": 128, "blkk": 64, "warpq": 32},
     "sm89": {"blkq": 128, "blkk": 64, "warpq": 32},
+    "sm90": {"blkq": 128, "blkk": 64, "warpq": 32},  # the sm80 family's quantization kernels
     "triton": {"blkq": 128, "blkk": 64, "warpq": 32},
 }
 

@@ -30,6 +30,9 @@ SM_CUDA_RANGE: Mapping[int, tuple[str, str | None]] = {
     120: ("12.8", None), 121: ("12.9", None),
 }
 
+# First CUDA release with the arch-specific target (sm_90a) of an SM, for arch_specific families.
+ARCH_SPECIFIC_FROM: Mapping[int, str] = {90: "12.0"}
+
 # CUDA builds PyTorch publishes per torch minor release. Entries from 2.11 on list only the
 # builds we have installed and run; add a CUDA version here once PyTorch publishes it.
 TORCH_CUDA_BUILDS: Mapping[str, tuple[str, ...]] = {
@@ -102,6 +105,8 @@ class Family:
     serves: tuple[int, ...]
     min_nvcc: str
     embed_ptx: int | None
+    # SASS for the arch-specific target (sm_90a), which runs only on exactly that SM; never PTX.
+    arch_specific: bool = False
 
 
 def load_families(path: Path = FAMILIES_JSON) -> dict[str, Family]:
@@ -109,6 +114,13 @@ def load_families(path: Path = FAMILIES_JSON) -> dict[str, Family]:
     families = {}
     for name, spec in data["families"].items():
         embed = spec.get("embed_ptx")
+        arch_specific = spec.get("arch_specific", False)
+        if not isinstance(arch_specific, bool):
+            raise ValueError(f"{path}: family {name}: arch_specific must be true or false, "
+                             f"got {arch_specific!r}")
+        if arch_specific and embed is not None:
+            raise ValueError(f"{path}: family {name}: an arch_specific family embeds no PTX "
+                             f"(its code runs only on the SMs it serves); set embed_ptx to null")
         families[name] = Family(
             name=name,
             extension=spec["extension"],
@@ -116,6 +128,7 @@ def load_families(path: Path = FAMILIES_JSON) -> dict[str, Family]:
             serves=tuple(_sm_number(s) for s in spec["serves"]),
             min_nvcc=spec["min_nvcc"],
             embed_ptx=None if embed is None else int(re.fullmatch(r"compute_(\d+)", embed)[1]),
+            arch_specific=arch_specific,
         )
     return families
 
@@ -142,7 +155,8 @@ class FamilyBuild:
     ptx: tuple[int, ...]
 
     def gencode_flags(self) -> list[str]:
-        flags = [f"-gencode=arch=compute_{sm},code=sm_{sm}" for sm in self.sass]
+        suffix = "a" if self.family.arch_specific else ""
+        flags = [f"-gencode=arch=compute_{sm}{suffix},code=sm_{sm}{suffix}" for sm in self.sass]
         flags += [f"-gencode=arch=compute_{sm},code=compute_{sm}" for sm in self.ptx]
         return flags
 
@@ -151,15 +165,20 @@ def family_builds(targets: Iterable[tuple[int, bool]],
                   families: Mapping[str, Family]) -> list[FamilyBuild]:
     """Per family: SASS for each target it serves, PTX for '+PTX' targets and ``embed_ptx``.
 
-    ``targets`` are (sm, ptx) pairs. sm90 compiles to sm_90, not sm_90a (no wgmma kernels).
+    ``targets`` are (sm, ptx) pairs. A target compiles to plain SASS (sm90 -> sm_90) for the
+    families that are not arch-specific (sm80, sm89), and to the arch-specific SASS of the
+    families that are (the sm90 family: sm_90a, with its wgmma kernels), which get no PTX even
+    for a '+PTX' target: their code runs only on exactly the SM it was built for.
     """
     targets = list(targets)
     builds = []
     for fam in families_for([sm for sm, _ in targets], families):
         sass = sorted({sm for sm, _ in targets if sm in fam.serves})
-        ptx = {sm for sm, want_ptx in targets if want_ptx and sm in fam.serves}
-        if fam.embed_ptx is not None:
-            ptx.add(fam.embed_ptx)
+        ptx = set()
+        if not fam.arch_specific:
+            ptx = {sm for sm, want_ptx in targets if want_ptx and sm in fam.serves}
+            if fam.embed_ptx is not None:
+                ptx.add(fam.embed_ptx)
         builds.append(FamilyBuild(fam, tuple(sass), tuple(sorted(ptx))))
     return builds
 
@@ -192,3 +211,14 @@ def check_toolchain(nvcc: Version, cuda: str, builds: Iterable[FamilyBuild]) -> 
             if problem:
                 raise ToolchainError(f"nvcc {nvcc} cannot compile family {build.family.name} "
                                      f"for sm{sm}: {problem}")
+        if build.family.arch_specific:
+            for sm in build.sass:
+                first = ARCH_SPECIFIC_FROM.get(sm)
+                if first is None:
+                    known = ", ".join(f"sm_{s}a" for s in ARCH_SPECIFIC_FROM)
+                    raise ToolchainError(
+                        f"family {build.family.name} is arch-specific, but sm_{sm}a is not a "
+                        f"known arch-specific target (known: {known})")
+                if nvcc < Version(first):
+                    raise ToolchainError(f"family {build.family.name} needs nvcc >= {first} for "
+                                         f"sm_{sm}a, found {nvcc}")

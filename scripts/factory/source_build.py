@@ -82,7 +82,9 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
             if match is None:
                 raise ToolchainError(f"TORCH_CUDA_ARCH_LIST item {item!r} is not like '8.0' or "
                                      f"'9.0+PTX'; or set {TARGETS_ENV}='sm80;sm90+PTX' instead")
-            if match[3]:  # no arch-specific (sm_90a) kernels yet: the plain target serves it
+            # 9.0a: the sm90 target already builds the arch-specific family as sm_90a (and the
+            # others as sm_90), so the suffix selects nothing more
+            if match[3]:
                 notes.append(f"{item} built as sm{match[1]}{match[2]}")
             parts.append(f"sm{match[1]}{match[2]}" + (match[4] or ""))
         where = "TORCH_CUDA_ARCH_LIST" + (f" ({', '.join(notes)})" if notes else "")

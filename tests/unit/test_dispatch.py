@@ -13,7 +13,7 @@ import sageattention as sa
 from sageattention import backends, dispatch
 from sageattention.dispatch import BackendUnavailableError, Inventory, Request, choose
 
-ALL = ("sm75", "sm80", "sm89")
+ALL = ("sm75", "sm80", "sm89", "sm90")
 
 
 def inv(*families, triton=True):

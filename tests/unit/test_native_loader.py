@@ -11,7 +11,7 @@ import pytest
 import sageattention.native as native
 
 ROOT = Path(__file__).resolve().parents[2]
-MY_FAMILIES = ("sm80", "sm89")
+MY_FAMILIES = ("sm80", "sm89", "sm90")
 KWARGS = dict(tensor_layout="HND", is_causal=False, sm_scale=0.125, qk_quant_gran="per_warp",
               smooth_k=True, smooth_v=False, return_lse=False)
 
@@ -36,10 +36,20 @@ def no_extensions(monkeypatch, fresh_status):
 
 
 def test_families_match_json_table():
-    assert set(native.FAMILIES) == {"sm75", "sm80", "sm89"}
+    assert set(native.FAMILIES) == {"sm75", "sm80", "sm89", "sm90"}
     assert native.FAMILIES["sm80"]["extension"] == "sageattention._kernels_sm80"
     assert native.FAMILIES["sm89"]["ops"] == ["qk_int8_pv_fp8"]
     assert native.FAMILIES["sm80"]["ops"] == ["qk_int8_pv_fp16"]
+
+
+def test_sm90_family_entry():
+    spec = native.FAMILIES["sm90"]
+    assert spec == {
+        "extension": "sageattention._kernels_sm90", "sources": "csrc/sm90", "serves": ["sm90"],
+        "min_nvcc": "12.4", "embed_ptx": None, "arch_specific": True, "ops": ["qk_int8_pv_fp16"],
+        "qk_quant_gran": ["per_warp", "per_thread"], "pv_accum_dtype": ["fp32"], "head_dims": [64, 128]}
+    # only the sm90 family is arch-specific; the others omit the field (default false)
+    assert [f for f, s in native.FAMILIES.items() if s.get("arch_specific", False)] == ["sm90"]
 
 
 def test_missing_extensions_are_reported_with_a_reason(no_extensions):
@@ -57,6 +67,8 @@ def test_calling_a_missing_family_raises_importerror(no_extensions):
         native.qk_int8_pv_fp16(None, None, None, family="sm80", pv_accum_dtype="fp32", **KWARGS)
     with pytest.raises(ImportError, match="_kernels_sm89"):
         native.qk_int8_pv_fp8(None, None, None, family="sm89", pv_accum_dtype="fp32+fp32", **KWARGS)
+    with pytest.raises(ImportError, match="_kernels_sm90"):
+        native.qk_int8_pv_fp16(None, None, None, family="sm90", pv_accum_dtype="fp32", **KWARGS)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +79,8 @@ def test_calling_a_missing_family_raises_importerror(no_extensions):
         (native.qk_int8_pv_fp16, "sm89", "fp32", "has no qk_int8_pv_fp16"),
         (native.qk_int8_pv_fp16, "sm80", "fp32+fp32", "pv_accum_dtype='fp32\\+fp32'.*accepted"),
         (native.qk_int8_pv_fp8, "sm89", "fp16", "pv_accum_dtype='fp16'.*accepted"),
+        (native.qk_int8_pv_fp16, "sm90", "fp16+fp32", "pv_accum_dtype='fp16\\+fp32'.*sm90.*\\['fp32'\\]"),
+        (native.qk_int8_pv_fp8, "sm90", "fp32", "has no qk_int8_pv_fp8"),
     ],
 )
 def test_bad_family_or_option_is_a_valueerror(call, family, accum, match):
@@ -140,7 +154,8 @@ def test_shape_helpers_reject_bad_arguments():
 @pytest.mark.parametrize("family", MY_FAMILIES)
 def test_cuda_sources_include_no_torch_headers(family):
     """Kernel objects are cached per (CUDA, SM) across torch versions: .cu/.cuh stay torch-free."""
-    files = list((ROOT / "csrc" / family).glob("*.cu")) + list((ROOT / "csrc" / "common").glob("*.cuh"))
+    files = [*(ROOT / "csrc" / family).glob("*.cu"), *(ROOT / "csrc" / family).glob("*.cuh"),
+             *(ROOT / "csrc" / "common").glob("*.cuh")]
     assert files
     for f in files:
         includes = re.findall(r'#include\s+[<"]([^>"]+)[>"]', f.read_text())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import stat
 import sys
@@ -75,11 +77,57 @@ def test_family_gencode_follows_families_json():
     assert sm75.gencode_flags() == ["-gencode=arch=compute_75,code=sm_75",
                                     "-gencode=arch=compute_75,code=compute_75"]
     builds = {b.family.name: b for b in arch.family_builds([(90, False)], FAMILIES)}
-    assert set(builds) == {"sm80", "sm89"}
+    assert set(builds) == {"sm80", "sm89", "sm90"}
     assert builds["sm80"].gencode_flags() == ["-gencode=arch=compute_90,code=sm_90"]  # not 90a
+    assert builds["sm89"].gencode_flags() == ["-gencode=arch=compute_90,code=sm_90"]
+    assert builds["sm90"].gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
     multi = {b.family.name: b for b in arch.family_builds([(80, False), (89, True)], FAMILIES)}
     assert multi["sm80"].sass == (80, 89) and multi["sm80"].ptx == (89,)
     assert multi["sm89"].sass == (89,)
+    assert "sm90" not in multi
+
+
+@pytest.mark.parametrize("targets", [[(90, False)], [(90, True)], [(80, False), (90, True)],
+                                     [(75, True), (80, False), (86, False), (89, False), (90, True)]])
+def test_sm90_family_compiles_sm_90a_only_never_plain_sm_90_or_ptx(targets):
+    assert FAMILIES["sm90"].arch_specific and FAMILIES["sm90"].serves == (90,)
+    assert not [f for f in FAMILIES.values() if f.arch_specific and f.name != "sm90"]
+    builds = {b.family.name: b for b in arch.family_builds(targets, FAMILIES)}
+    sm90 = builds["sm90"]
+    assert (sm90.sass, sm90.ptx) == ((90,), ())
+    assert sm90.gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
+    # the other families keep compiling plain sm_90 (and PTX where asked)
+    for name in ("sm80", "sm89"):
+        flags = builds[name].gencode_flags()
+        assert "-gencode=arch=compute_90,code=sm_90" in flags and not [f for f in flags if "90a" in f]
+        assert ("-gencode=arch=compute_90,code=compute_90" in flags) == ((90, True) in targets)
+
+
+def test_unchanged_flags_of_the_other_families():
+    builds = {b.family.name: b.gencode_flags() for b in arch.family_builds(
+        [(75, True), (80, False), (86, False), (89, False)], FAMILIES)}
+    assert builds == {
+        "sm75": ["-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_75,code=compute_75"],
+        "sm80": ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_86,code=sm_86",
+                 "-gencode=arch=compute_89,code=sm_89"],
+        "sm89": ["-gencode=arch=compute_89,code=sm_89"],
+    }
+
+
+def test_families_json_arch_specific_field_is_checked(tmp_path):
+    def table(**sm90):
+        spec = {"extension": "x._k", "sources": "csrc/x", "serves": ["sm90"], "min_nvcc": "12.4",
+                "embed_ptx": None, **sm90}
+        path = tmp_path / "families.json"
+        path.write_text(json.dumps({"families": {"x": spec}}))
+        return path
+
+    assert not arch.load_families(table())["x"].arch_specific  # absent: false
+    assert arch.load_families(table(arch_specific=True))["x"].arch_specific
+    with pytest.raises(ValueError, match="family x: arch_specific must be true or false, got 'yes'"):
+        arch.load_families(table(arch_specific="yes"))
+    with pytest.raises(ValueError, match="family x: an arch_specific family embeds no PTX"):
+        arch.load_families(table(arch_specific=True, embed_ptx="compute_90"))
 
 
 def test_toolchain_check_names_the_problem():
@@ -89,6 +137,15 @@ def test_toolchain_check_names_the_problem():
     with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.4"):
         arch.check_toolchain(arch.Version("12.1"), "12.1", builds)
     arch.check_toolchain(arch.Version("13.0.88"), "13.0", builds)
+    hopper = arch.family_builds([(90, False)], FAMILIES)
+    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.4"):
+        arch.check_toolchain(arch.Version("12.1"), "12.1", hopper)
+    arch.check_toolchain(arch.Version("12.4"), "12.4", hopper)
+    fam = dataclasses.replace(FAMILIES["sm90"], min_nvcc="11.0")
+    with pytest.raises(ToolchainError, match="family sm90 needs nvcc >= 12.0 for sm_90a, found 11.8"):
+        arch.check_toolchain(arch.Version("11.8"), "11.8", [arch.FamilyBuild(fam, (90,), ())])
+    with pytest.raises(ToolchainError, match="sm_80a is not a known arch-specific target"):
+        arch.check_toolchain(arch.Version("13.0"), "13.0", [arch.FamilyBuild(fam, (80,), ())])
 
 
 def test_cxx_standard_is_a_property_of_the_torch_version():
@@ -112,7 +169,8 @@ def test_source_build_targets_from_env_and_gpu(monkeypatch):
     cfg = _resolve({"SAGEATTENTION_SM_TARGETS": "sm90;sm80"})
     assert cfg.version == "2.2.0+sm80.sm90.torch2.14cu130"
     assert cfg.torch_requirement == "torch==2.14.*" and cfg.cxx_std == "c++20"
-    assert [b.family.name for b in cfg.builds] == ["sm80", "sm89"]
+    assert [b.family.name for b in cfg.builds] == ["sm80", "sm89", "sm90"]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in cfg.describe()
     assert _resolve({"TORCH_CUDA_ARCH_LIST": "7.5+PTX"}).targets == (Target(75, True),)
     hopper = _resolve({"TORCH_CUDA_ARCH_LIST": "9.0a"})  # as set on the H200 runner
     assert hopper.targets == (Target(90),) and "9.0a built as sm90" in hopper.targets_from
@@ -183,6 +241,12 @@ def test_kernel_objects_are_cached_and_invalidated(tmp_path):
     assert [o.cached for o in run()] == [False, False]
     other = arch.FamilyBuild(fam, (80, 90), ())                 # other gencode, other objects
     assert [o.cached for o in run(other)] == [False, False]
+    assert [o.cached for o in run(arch.FamilyBuild(fam, (90,), ()))] == [False, False]
+    # sm_90a instead of sm_90: the flags are in the key, so never the plain objects
+    specific = arch.FamilyBuild(dataclasses.replace(fam, arch_specific=True), (90,), ())
+    assert [o.cached for o in run(specific)] == [False, False]
+    assert calls.read_text().count("-gencode=arch=compute_90a,code=sm_90a") == 2
+    assert [o.cached for o in run(specific)] == [True, True]
     assert any("2/2" in line and "elapsed" in line for line in logs)
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
@@ -230,3 +294,37 @@ def test_repair_commands_exclude_torch_and_cuda_libraries(tmp_path):
     assert windows[windows.index("--add-path") + 1] == str(tmp_path / "torch" / "lib")
     with pytest.raises(ValueError, match="accepted: linux, windows"):
         repair.repair_command("macos", tmp_path / "w.whl", tmp_path)
+
+
+def _sm90_wheel(tmp_path, families, modules):
+    import zipfile
+
+    name = "sageattention-2.2.0+sm90.torch2.14cu130-cp311-cp311-linux_x86_64.whl"
+    info = {"version": "2.2.0+sm90.torch2.14cu130", "local_label": "sm90.torch2.14cu130",
+            "sm_targets": ["sm90"], "torch": "2.14.1", "cuda": "13.0", "python_tag": "cp311",
+            "families": families}
+    wheel = tmp_path / name
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sageattention/_build_info.json", json.dumps(info))
+        zf.writestr("sageattention-2.2.0+sm90.torch2.14cu130.dist-info/METADATA",
+                    "Metadata-Version: 2.1\nName: sageattention\nVersion: 2.2.0+sm90.torch2.14cu130\n"
+                    "Requires-Dist: torch==2.14.*\n")
+        for m in modules:
+            zf.writestr(f"sageattention/_kernels_{m}.cpython-311-x86_64-linux-gnu.so", b"")
+    return wheel
+
+
+def test_an_sm90_wheel_must_hold_the_sm80_sm89_and_sm90_families(tmp_path):
+    from scripts.factory import wheelcheck
+
+    good = _sm90_wheel(tmp_path, ["sm80", "sm89", "sm90"], ["sm80", "sm89", "sm90"])
+    assert wheelcheck.agreement_problems(good) == []
+    expected = wheelcheck.expected_files(good)
+    assert {f"sageattention/_kernels_{m}.cpython-311-x86_64-linux-gnu.so"
+            for m in ("sm80", "sm89", "sm90")} <= expected
+    good.unlink()
+    old = _sm90_wheel(tmp_path, ["sm80", "sm89"], ["sm80", "sm89"])  # built before the sm90 family
+    problems = wheelcheck.agreement_problems(old)
+    assert "build info families ['sm80', 'sm89'] != ['sm80', 'sm89', 'sm90'] (what families.json " \
+           "says the SMs need)" in problems
+    assert "extension sageattention._kernels_sm90 (family sm90) missing" in problems

@@ -1,0 +1,105 @@
+"""No-GPU tests of the sm90 family's Python side (sageattention/native/sm90.py) and C++ layout.
+
+The op schemas are read from csrc/sm90/bindings.cpp (where they are defined once) and registered
+in a test-only namespace with the module's fake implementations behind them, so the wrapper's
+calls and the fakes' output shapes are checked on meta tensors, without the extension.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from sageattention.native import sm90
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_NAMESPACE = "sageattention_sm90_schema_test"
+KWARGS = dict(is_causal=True, sm_scale=0.125, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False)
+
+
+def _schemas(family: str) -> list[str]:
+    text = (ROOT / "csrc" / family / "bindings.cpp").read_text()
+    body = re.search(rf"TORCH_LIBRARY\(sageattention_{family}, m\) \{{(.*?)\n\}}", text, re.S)
+    assert body, f"no TORCH_LIBRARY block in csrc/{family}/bindings.cpp"
+    defs = re.findall(r"m\.def\(\s*((?:\"[^\"]*\"\s*)+)\);", body.group(1))
+    return ["".join(re.findall(r'"([^"]*)"', d)) for d in defs]
+
+
+def test_schemas_are_the_sm80_familys():
+    # Same contract as the sm80 family (its "fp32" mode): the same two ops, the same arguments.
+    schemas = _schemas("sm90")
+    assert [s.split("(")[0] for s in schemas] == ["quant_int8", "qk_int8_pv_fp16"]
+    assert schemas == _schemas("sm80")
+
+
+@pytest.fixture
+def ops_on_schema(monkeypatch):
+    """sm90's wrapper and fakes on the bindings.cpp schemas under a test namespace."""
+    lib = torch.library.Library(TEST_NAMESPACE, "DEF")
+    for schema in _schemas("sm90"):
+        lib.define(schema)
+    monkeypatch.setattr(sm90, "NAMESPACE", TEST_NAMESPACE)
+    sm90._register_fakes()
+    monkeypatch.setattr(sm90, "load", lambda: None)
+    yield
+    lib._destroy()
+
+
+@pytest.mark.parametrize("gran", ["per_thread", "per_warp"])
+@pytest.mark.parametrize("layout,return_lse", [("HND", False), ("NHD", True), ("HND", True)])
+def test_wrapper_calls_the_schema_and_the_fake_gives_the_shapes(ops_on_schema, gran, layout,
+                                                                 return_lse):
+    b, hq, hkv, nq, nk, d = 2, 4, 2, 33, 70, 128
+    shape = (lambda h, n: (b, h, n, d)) if layout == "HND" else (lambda h, n: (b, n, h, d))
+    q = torch.empty(shape(hq, nq), dtype=torch.bfloat16, device="meta")
+    k = torch.empty(shape(hkv, nk), dtype=torch.bfloat16, device="meta")
+    out, lse = sm90.qk_int8_pv_fp16(q, k, k, tensor_layout=layout, qk_quant_gran=gran,
+                                    return_lse=return_lse, **KWARGS)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    if return_lse:
+        assert lse.shape == (b, hq, nq) and lse.dtype == torch.float32
+    else:
+        assert lse is None
+
+
+@pytest.mark.parametrize("is_key,gran,expected", [(False, "per_thread", (128, 32)),
+                                                  (True, "per_warp", (128, 2))])
+def test_quant_fake_gives_the_padded_shapes(ops_on_schema, is_key, gran, expected):
+    x = torch.empty(1, 3, 70, 64, dtype=torch.float16, device="meta")
+    xi8, scale = sm90.quant_int8(x, tensor_layout="HND", qk_quant_gran=gran, is_key=is_key)
+    assert xi8.shape == (1, 3, expected[0], 64) and xi8.dtype == torch.int8
+    assert scale.shape == (1, 3, expected[1]) and scale.dtype == torch.float32
+
+
+# --- the C++ side: what the family compiles, read from its sources ---------------------------
+
+def _source(name: str) -> str:
+    return (ROOT / "csrc" / "sm90" / name).read_text()
+
+
+def test_attention_uses_the_warp_specialized_wgmma_kernel_directly():
+    files = {p.name: p.read_text() for p in (ROOT / "csrc" / "sm90").iterdir()}
+    assert {"launchers.h", "tiles.cuh", "attn_hd64.cu", "attn_hd128.cu", "quant.cu",
+            "bindings.cpp"} <= set(files)
+    # the shipped kernel, not attn_dispatch.cuh's SAGE_WGMMA tuning path
+    assert not [n for n, t in files.items() if "attn_dispatch.cuh" in t or "SAGE_WGMMA" in t]
+    tiles = _source("tiles.cuh")
+    assert '#include "../common/attn_wgmma.cuh"' in tiles
+    shapes = {int(d): tuple(map(int, (nwg, n, st))) + (pp,) for d, nwg, n, st, pp in re.findall(
+        r"struct Tile<(\d+)> \{\s*static constexpr int kConsumerWarpgroups = (\d+), kBlockN = (\d+), "
+        r"kStages = (\d+);\s*static constexpr bool kPingPong = (\w+);", tiles)}
+    assert shapes == {64: (1, 128, 2, "false"), 128: (2, 128, 2, "false")}
+    assert "PvKind::kBf16, __nv_bfloat16" in tiles and "PvKind::kFp16, __half" in tiles
+    assert "pv_in_bf16(dtype, PvAccum::kF32)" in tiles
+    assert "launch_attention<64>" in _source("attn_hd64.cu")
+    assert "launch_attention<128>" in _source("attn_hd128.cu")
+    assert "launch_quant_int8" in _source("quant.cu")
+
+
+def test_bindings_accept_only_fp32_accumulation_and_only_compute_capability_9_0():
+    text = _source("bindings.cpp")
+    check = re.search(r"void check_accum\(const std::string& a\) \{(.*?)\n\}", text, re.S).group(1)
+    assert 'a == "fp32"' in check and "must be 'fp32'" in check
+    assert "prop->major == 9 && prop->minor == 0" in text and "sm_90a" in text
