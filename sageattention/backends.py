@@ -16,8 +16,8 @@ from importlib import resources
 import torch
 
 SDPA = "sdpa"
-BACKEND_NAMES = ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16", "triton-fp8",
-                 SDPA)
+BACKEND_NAMES = ("cuda-sm90-fp16", "cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16",
+                 "triton-fp8", SDPA)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ def load_families() -> dict:
 # (an fp16 inner accumulator can overflow with FP8's static P scale of 448).
 _DEFAULT_PV_ACCUM = {"qk_int8_pv_fp16": "fp32", "qk_int8_pv_fp8": "fp32+fp32"}
 _HALF = frozenset({torch.float16, torch.bfloat16})
-_NATIVE = (("cuda-sm89-fp8", "sm89", "qk_int8_pv_fp8"),
+_NATIVE = (("cuda-sm90-fp16", "sm90", "qk_int8_pv_fp16"),
+           ("cuda-sm89-fp8", "sm89", "qk_int8_pv_fp8"),
            ("cuda-sm80-fp16", "sm80", "qk_int8_pv_fp16"),
            ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
 
@@ -90,6 +91,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows = []
     for name, family, op in _NATIVE:
         spec = families[family]
+        # Exactly these capabilities; an arch_specific family (sm90: sm_90a SASS) runs nowhere else.
         served = frozenset(_sm(s) for s in spec["serves"])
         # A family that embeds PTX (sm75: compute_75) also runs, JIT-compiled, on every newer GPU.
         ptx_floor = _sm("sm" + spec["embed_ptx"].split("_")[1]) if spec.get("embed_ptx") else None
@@ -136,11 +138,18 @@ def backend(name: str) -> Backend:
 # with FP8 accuracy, so it runs when forced, or where a calibration table measured it fastest.
 # triton-fp16 measured 1.6-1.8x faster than cuda-sm80-fp16 there, but the static order (return_lse,
 # calibration off) keeps the native family first: it is what the wheel exists to carry and validate.
-# sm90: cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases
-# and more accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs
-# 0.9992); this order applies where the calibration table does not (return_lse, masks off-table).
+# sm90: cuda-sm90-fp16 (the sm_90a wgmma kernel, same contract as cuda-sm80-fp16's "fp32" mode) first:
+# on the H200 it measured 512/425/595/552 TOPS at d=128 against mma.sync's 395/338/434/412, and
+# 349/301/390/374 against 338/285/375/343 at d=64 (benchmarks/results/h200-2026-12-03-wgmma-ws1.log).
+# It serves only (9, 0), so on newer GPUs that take this rule `Backend.serves` drops it. Then
+# cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases and more
+# accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs 0.9992);
+# it also takes the accumulation modes cuda-sm90-fp16 lacks. This order applies where the
+# calibration table does not (return_lse, masks off-table); the table, measured before
+# cuda-sm90-fp16 existed, ranks it after every backend it measured.
 PREFERENCE = (
-    ((9, 0), ("cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", SDPA)),
+    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16",
+              "triton-fp8", SDPA)),
     ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", SDPA)),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
     ((7, 5), ("cuda-sm75-fp16", SDPA)),

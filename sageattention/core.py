@@ -26,7 +26,9 @@ __all__ = ["sageattn", "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp1
 # Upstream's CUDA functions accept these two granularities; per_block is the Triton path's.
 CUDA_QK_QUANT_GRANS = ("per_warp", "per_thread")
 _SDPA_KEYWORDS = {name: SAGEATTN_KEYWORDS[name] for name in ("attn_mask", "dropout_p", "scale", "enable_gqa")}
-_FP16_NATIVE = ("cuda-sm80-fp16", "cuda-sm75-fp16")
+# Tried in backends.preference_order(); on a 9.0 GPU cuda-sm90-fp16 runs when its family is installed
+# and provides the options asked for ("fp32" accumulation), else cuda-sm80-fp16.
+_FP16_NATIVE = ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm75-fp16")
 _FP8_NATIVE = ("cuda-sm89-fp8",)
 
 # Saved at import so the SDPA fallback still reaches torch while sdpa_compat patches it.
@@ -215,7 +217,8 @@ def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_c
 def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                   sm_scale=None, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False,
                                   return_lse=False, **kwargs):
-    """INT8 QK / FP16 PV attention on the native CUDA kernels (sm80 family, else sm75 family).
+    """INT8 QK / FP16 PV attention on the native CUDA kernels: the sm90 family (wgmma, compute
+    capability 9.0 only) for "fp32" accumulation, else the sm80 family, else the sm75 family.
 
     pv_accum_dtype: "fp32", "fp16+fp32" (fp16 inside a K block, fp32 across) or "fp16". Where the
     installed family lacks the granularity or accumulator asked for, its own is used and a warning

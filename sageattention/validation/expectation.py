@@ -2,7 +2,8 @@
 
 Derived from the wheel's build info (its SM targets and families) and the kernel family table
 (sageattention/native/families.json), never from a hand-kept list: an sm90 wheel on an H200 runs
-its sm80 and sm89 families natively; an sm75 wheel (``sm75+PTX``) runs the sm75 family there only
+its sm80, sm89 and sm90 families natively (sm_90 SASS, and sm_90a for the arch-specific sm90
+family, which serves only that SM); an sm75 wheel (``sm75+PTX``) runs the sm75 family there only
 as compute_75 PTX compiled by the driver.
 """
 
@@ -93,7 +94,7 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
     here = f"sm{gpu_sm}"
 
     sass, ptx = [], []
-    for family, spec in families.items():  # table order is the preference order
+    for family, spec in families.items():  # families.json order
         if family not in wheel_families:
             continue
         serves = {int(s.removeprefix("sm")) for s in spec.get("serves", [])}

@@ -31,8 +31,8 @@ def req(cap=(9, 0), **kw):
 
 def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
     table = backends.capability_table()
-    assert tuple(r.name for r in table) == ("cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16",
-                                            "triton-fp16", "triton-fp8", "sdpa")
+    assert tuple(r.name for r in table) == ("cuda-sm90-fp16", "cuda-sm89-fp8", "cuda-sm80-fp16",
+                                            "cuda-sm75-fp16", "triton-fp16", "triton-fp8", "sdpa")
     families = json.loads(resources.files("sageattention.native").joinpath("families.json").read_text())
     for row in table:
         if row.kind != "native":
@@ -47,7 +47,8 @@ def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
 
 
 @pytest.mark.parametrize("cap,order", [
-    ((9, 0), ("cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", "sdpa")),
+    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16",
+              "triton-fp8", "sdpa")),
     ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", "sdpa")),
     ((8, 6), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
@@ -65,11 +66,28 @@ def test_sm75_family_reaches_newer_gpus_only_through_ptx():
     assert sm80.serves((8, 6)) and not sm80.serves((7, 5)) and not sm80.serves((10, 0))
 
 
+def test_sm90_family_serves_only_compute_capability_9_0():
+    # sm_90a SASS, no PTX: it runs on exactly 9.0 (not on Ada, not on Blackwell, not on the CPU)
+    sm90 = backends.backend("cuda-sm90-fp16")
+    assert (sm90.family, sm90.op, sm90.kind) == ("sm90", "qk_int8_pv_fp16", "native")
+    assert sm90.capabilities == frozenset({(9, 0)}) and sm90.min_capability is None
+    assert sm90.serves((9, 0))
+    for cap in ((8, 0), (8, 9), (9, 1), (10, 0), (12, 0), None):
+        assert not sm90.serves(cap), cap
+    assert sm90.pv_accum_dtypes == ("fp32",) and sm90.default_pv_accum_dtype == "fp32"
+    assert sm90.qk_quant_grans == ("per_thread", "per_warp") and sm90.head_dims == frozenset({64, 128})
+    # only the 9.0 rule names it; a newer GPU that falls under that rule drops it through serves()
+    assert [cap for cap, order in backends.PREFERENCE if "cuda-sm90-fp16" in order] == [(9, 0)]
+    assert backends.preference_order((9, 0))[0] == "cuda-sm90-fp16"
+
+
 # --- the rule -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cap,families,triton,expect", [
-    ((9, 0), ALL, True, "cuda-sm80-fp16"),          # measured faster than sm89-fp8 on the H200
+    ((9, 0), ALL, True, "cuda-sm90-fp16"),          # wgmma: measured faster than mma.sync on the H200
+    ((9, 0), ("sm80", "sm89"), True, "cuda-sm80-fp16"),  # measured faster than sm89-fp8 on the H200
     ((9, 0), ("sm80",), True, "cuda-sm80-fp16"),
+    ((9, 0), ("sm90",), True, "cuda-sm90-fp16"),
     ((9, 0), ("sm89",), True, "cuda-sm89-fp8"),
     ((9, 0), ("sm75",), True, "triton-fp16"),
     ((9, 0), ("sm75",), False, "cuda-sm75-fp16"),   # the Turing wheel on an H200: PTX JIT
@@ -78,6 +96,8 @@ def test_sm75_family_reaches_newer_gpus_only_through_ptx():
     ((8, 0), (), True, "triton-fp16"),
     ((7, 5), ALL, True, "cuda-sm75-fp16"),
     ((12, 0), ALL, True, "triton-fp16"),            # no SASS for sm120 in sm80/sm89 families
+    ((10, 0), ALL, False, "cuda-sm75-fp16"),        # sm_90a code does not run on sm100: PTX
+    ((8, 9), ALL, True, "cuda-sm89-fp8"),           # nor on Ada
 ])
 def test_best_backend_per_gpu_and_build(cap, families, triton, expect):
     choice = choose(req(cap), inv(*families, triton=triton))
@@ -124,6 +144,37 @@ def test_requested_accumulator_picks_the_family_that_has_it():
     choice = choose(req(pv_accum_dtype="fp16+fp32"), inv(*ALL))
     assert choice.name == "cuda-sm80-fp16" and choice.pv_accum_dtype == "fp16+fp32"
     assert not choice.adjustments
+
+
+def test_fp16_cuda_function_runs_sm90_where_it_serves_the_call_else_sm80():
+    from sageattention.core import _FP16_NATIVE
+
+    def pick(cap=(9, 0), families=ALL, **kw):
+        return choose(req(cap, **kw), inv(*families), candidates=_FP16_NATIVE, allow_fallback=False)
+
+    for gran in ("per_thread", "per_warp"):
+        for d in (64, 128):
+            choice = pick(qk_quant_gran=gran, pv_accum_dtype="fp32", head_dim=d, dtype=torch.bfloat16)
+            assert choice.name == "cuda-sm90-fp16" and not choice.adjustments
+            assert (choice.qk_quant_gran, choice.pv_accum_dtype) == (gran, "fp32")
+    for accum in ("fp16+fp32", "fp16"):  # accumulation modes only the sm80 family has
+        choice = pick(pv_accum_dtype=accum)
+        assert choice.name == "cuda-sm80-fp16" and choice.pv_accum_dtype == accum
+        assert not choice.adjustments and "cuda-sm90-fp16: pv_accum_dtype=" in choice.reason
+    assert pick(families=("sm80", "sm89")).name == "cuda-sm80-fp16"  # a wheel without it
+    assert pick((8, 0)).name == "cuda-sm80-fp16" and pick((8, 9)).name == "cuda-sm80-fp16"
+    # only the sm90 family installed: it runs, with its own accumulator, and says so
+    alone = pick(families=("sm90",), pv_accum_dtype="fp16")
+    assert alone.name == "cuda-sm90-fp16" and alone.pv_accum_dtype == "fp32"
+    assert "pv_accum_dtype='fp16' is not provided by cuda-sm90-fp16" in alone.adjustments[0]
+    with pytest.raises(BackendUnavailableError, match="contains: native families sm90"):
+        pick((8, 9), families=("sm90",))  # an sm_90a-only build on Ada: not in 8.9's order at all
+
+
+def test_forcing_cuda_sm90_fp16_on_another_gpu_says_why():
+    with pytest.raises(BackendUnavailableError, match=r"compute capability 10.0 is not served \(sm90\)"):
+        choose(req((10, 0)), inv(*ALL), forced="cuda-sm90-fp16")
+    assert choose(req((9, 0)), inv(*ALL), forced="cuda-sm90-fp16").name == "cuda-sm90-fp16"
 
 
 def test_unavailable_granularity_is_substituted_and_said():

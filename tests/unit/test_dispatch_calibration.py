@@ -10,11 +10,15 @@ from sageattention import calibration, core, dispatch
 from sageattention.dispatch import Inventory, Request, choose
 from sageattention.inputs import SAGEATTN_KEYWORDS, parse_call
 
+FAMILIES = ("sm75", "sm80", "sm89", "sm90")
+# Most tests below use a build without the sm90 family: the packaged sm90 table was measured before
+# it existed, and these tests are about how the table ranks the backends it measured. The sm90
+# family's own tests (at the end) install it too.
 ALL = ("sm75", "sm80", "sm89")
 
 
 def inv(*families, triton=True):
-    native = {f: (None if f in families else "not in this build") for f in ALL}
+    native = {f: (None if f in families else "not in this build") for f in FAMILIES}
     return Inventory(native=native, triton=(True, "ok") if triton else (False, "Triton is not installed"))
 
 
@@ -74,7 +78,8 @@ def test_only_backends_that_can_run_the_call_compete():
     choice = choose(req(b=32, n=128), inv("sm80", "sm75"), calibration=MIXED)
     assert choice.name == "cuda-sm80-fp16" and choice.calibrated
     assert "cuda-sm89-fp8 0.1" not in choice.reason
-    assert "not usable here: cuda-sm89-fp8: family sm89 unavailable: not in this build" in choice.reason
+    assert "not usable here: " in choice.reason
+    assert "cuda-sm89-fp8: family sm89 unavailable: not in this build" in choice.reason
 
 
 def test_nearest_entry_decides_in_log_space():
@@ -281,3 +286,32 @@ def test_a_calibrated_sdpa_choice_is_logged_once_at_info_not_as_a_warning(caplog
     with caplog.at_level(logging.INFO, logger="sageattention"):
         core._run(call, choose(req(dtype=torch.float32), inv(*ALL), calibration=MIXED), q, q, q)
     assert caplog.records[-1].levelno == logging.WARNING
+
+
+# --- the sm90 family: installed, but in no table yet ------------------------------------------------
+
+def test_a_table_that_did_not_measure_cuda_sm90_fp16_never_picks_it():
+    # Nothing is invented for it: the table ranks the backends it measured, and it only shows as
+    # "not measured there".
+    choice = choose(req(b=32, n=128), inv(*FAMILIES), calibration=MIXED)
+    assert choice.name == "cuda-sm89-fp8" and choice.calibrated
+    assert "not measured there: cuda-sm90-fp16" in choice.reason
+    assert choose(req(), inv(*FAMILIES), calibration=MIXED).name == "sdpa"
+
+
+def test_the_packaged_sm90_table_never_picks_cuda_sm90_fp16():
+    packaged = calibration.for_capability((9, 0))
+    assert packaged is not None
+    assert all(e.time("cuda-sm90-fp16") is None for e in packaged.entries)  # not measured yet
+    for e in packaged.entries:
+        for dtype in (torch.float16, torch.bfloat16):
+            choice = choose(req(b=e.batch, h=e.heads, n=e.seq_len, d=e.head_dim, causal=e.causal,
+                                dtype=dtype), inv(*FAMILIES), calibration=packaged)
+            assert choice.calibrated and choice.name != "cuda-sm90-fp16", (e.name, choice.reason)
+
+
+def test_where_the_table_does_not_apply_cuda_sm90_fp16_comes_first():
+    lse = choose(req(return_lse=True), inv(*FAMILIES), calibration=MIXED)
+    assert lse.name == "cuda-sm90-fp16" and not lse.calibrated
+    assert (lse.qk_quant_gran, lse.pv_accum_dtype) == ("per_thread", "fp32")
+    assert choose(req(), inv(*FAMILIES)).name == "cuda-sm90-fp16"  # calibration off

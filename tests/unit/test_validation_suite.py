@@ -390,6 +390,30 @@ def test_wheel_without_code_for_the_gpu_is_refused():
         expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
 
 
+def test_sm90_wheel_with_the_sm90_family_runs_three_families_natively_on_sm90_only():
+    build = {**SM90_BUILD, "families": ["sm80", "sm89", "sm90"]}
+    e = expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+    assert e.execution == "native"
+    assert e.names == ["cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm90-fp16"]
+    assert {b.via for b in e.backends} == {"sass"}
+    # an [sm80, sm90] wheel on an A100 or an sm86 GPU: the sm_90a family is not expected there
+    multi = {**build, "sm_targets": ["sm80", "sm90"]}
+    for gpu in (80, 86):
+        assert expect(gpu_sm=gpu, families_table=FAMILIES, build_info=multi,
+                      available={}).names == ["cuda-sm80-fp16"]
+
+
+def test_sm90_family_is_validated_through_the_fp16_public_function():
+    lib = FakeLib(native=("cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm90-fp16"),
+                  default="cuda-sm90-fp16")
+    build = {**SM90_BUILD, "families": ["sm80", "sm89", "sm90"]}
+    doc = run(lib, build=build, only=["native-runtime", "public-api"])
+    assert [b["name"] for b in doc["expectation"]["native_backends"]] == [
+        "cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm90-fp16"]
+    checks = by_name(doc)
+    assert all(c["status"] == "pass" for c in checks.values()), checks
+
+
 def test_source_checkout_expects_what_compiled_here():
     e = expect(gpu_sm=90, families_table=FAMILIES, build_info=None,
                available={"sm75": "not built", "sm80": None, "sm89": None})
