@@ -1,4 +1,4 @@
-"""Kernel developer's GPU driver for the sm80/sm89 families: build, test, measure in one call.
+"""Kernel developer's GPU driver for the sm80/sm89/sm90 families: build, test, measure in one call.
 
 1. build: compiles csrc/<family>/ (+ csrc/common/) with torch.utils.cpp_extension in child
    processes and copies each extension next to the package as
@@ -9,6 +9,8 @@
    kernel and SDPA's default backend, printed as a table and written as JSON.
 
     python benchmarks/gpu_dev_native.py --family sm80 --family sm89 --out /tmp/out
+
+The sm90 family (arch_specific in families.json) always builds for 9.0a, whatever --arch says.
 """
 from __future__ import annotations
 
@@ -100,7 +102,10 @@ KERNELS = {  # label -> (family, op, pv_accum_dtype)
     "sm80-fp16+fp32": ("sm80", "qk_int8_pv_fp16", "fp16+fp32"),
     "sm80-fp16": ("sm80", "qk_int8_pv_fp16", "fp16"),
     "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
+    "sm90-fp32": ("sm90", "qk_int8_pv_fp16", "fp32"),
 }
+# Families of arch-specific SASS build for their one target (families.json "arch_specific").
+FAMILY_ARCH = {"sm90": "9.0a"}
 
 
 def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str, Path]]:
@@ -151,7 +156,7 @@ def accuracy(labels) -> list[dict]:
             out, _ = _kernel_fn(label, q, k, v, causal)()
             r = reference.sageattn_reference(
                 q, k, v, is_causal=causal, qk_quant_gran="per_thread", smooth_k=True,
-                pv_dtype="fp16" if fam == "sm80" else "fp8", pv_accum_dtype=accum,
+                pv_dtype="fp8" if fam == "sm89" else "fp16", pv_accum_dtype=accum,
                 **reference.FAMILY_BLOCK_SIZES[fam])
             row = {"kernel": label, "n": n, "d": d, "causal": causal,
                    "finite": bool(torch.isfinite(out).all())}
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", metavar="JSON",
                         help="only print a stored native_dev.json's timing as a markdown table")
     parser.add_argument("--markdown", metavar="OUT", help="with --render: also write the table here")
-    parser.add_argument("--family", action="append", choices=["sm80", "sm89"],
+    parser.add_argument("--family", action="append", choices=["sm80", "sm89", "sm90"],
                         help="family to build and measure (repeatable)")
     parser.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST value (default 9.0)")
     parser.add_argument("--std", default="c++17", help="C++ standard (torch 2.14 needs c++20)")
@@ -299,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(f, "", "", ROOT / "csrc") for f in args.family] + \
                [("sm80", n, d, tree) for n, (d, tree) in variants.items()]
         with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
-            futures = {pool.submit(build, f, args.arch, args.std, Path(args.build_root), n, d, t): (f, n)
+            futures = {pool.submit(build, f, FAMILY_ARCH.get(f, args.arch), args.std,
+                                   Path(args.build_root), n, d, t): (f, n)
                        for f, n, d, t in jobs}
             for fut, (fam, name) in futures.items():
                 try:

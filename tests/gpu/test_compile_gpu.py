@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sageattention.backends import BACKEND_NAMES
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-BACKENDS = ("cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm75-fp16", "triton-fp16", "triton-fp8", "sdpa")
 
-
-@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("name", BACKEND_NAMES)
 @pytest.mark.parametrize("compile_backend", ["aot_eager", "inductor"])
 def test_fullgraph_compiled_sageattn_runs_the_forced_backend(name, compile_backend):
     import sageattention as sa

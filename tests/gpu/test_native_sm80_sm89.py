@@ -1,9 +1,10 @@
-"""GPU tests of the sm80 family (INT8 QK, FP16 PV) and the sm89 family (INT8 QK, FP8 PV).
+"""GPU tests of the sm80 family (INT8 QK, FP16 PV), the sm89 family (INT8 QK, FP8 PV) and the
+sm90 family (the sm80 family's "fp32" mode on Hopper's wgmma, sm_90a only).
 
 Checked against sageattention.reference (same quantization: cosine >= 0.99999) and fp32 SDPA
 (docs: design.md accuracy bars), on poisoned memory, odd lengths, GQA/MQA, cross-attention, both
 layouts and dtypes, plus opcheck, CUDA graphs, two streams and torch.compile. Skipped with a
-reason where there is no GPU or the family is not built.
+reason where there is no GPU, the family is not built, or the GPU is not one the family runs on.
 """
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SPEC = {
     "sm80": ("qk_int8_pv_fp16", (8, 0), ("fp32", "fp16+fp32", "fp16"), "fp16"),
     "sm89": ("qk_int8_pv_fp8", (8, 9), ("fp32+fp32", "fp32", "fp32+fp16"), "fp8"),
+    "sm90": ("qk_int8_pv_fp16", (9, 0), ("fp32",), "fp16"),
 }
+# Families of arch-specific SASS (families.json "arch_specific"): only on exactly this capability.
+ONLY_ON = {"sm90": (9, 0)}
 # Accuracy bars against fp32 SDPA on normal inputs (shared/design.md): (cosine min, rel L1 max).
-BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04)}
+BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04), "sm90": (0.9998, 0.02)}
+FP16_FAMILIES = [f for f, spec in SPEC.items() if spec[0] == "qk_int8_pv_fp16"]
 LENGTHS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
 # LSE vs the reference: a one-step INT8 rounding difference (see test_quant_int8_matches_reference)
 # of one Q element moves a row's LSE by ~5e-3 when K is not smoothed; real errors are O(1).
@@ -30,10 +35,15 @@ LSE_ATOL = 1e-2
 
 
 def family(fam: str):
+    cap = torch.cuda.get_device_capability()
+    if fam in ONLY_ON and cap != ONLY_ON[fam]:
+        pytest.skip(f"family {fam} is sm_{ONLY_ON[fam][0]}{ONLY_ON[fam][1]}a code: it runs only on "
+                    f"compute capability {ONLY_ON[fam][0]}.{ONLY_ON[fam][1]}, this GPU is "
+                    f"{cap[0]}.{cap[1]}")
     reason = native.available_families()[fam]
     if reason is not None:
         pytest.skip(reason)
-    if torch.cuda.get_device_capability() < SPEC[fam][1]:
+    if cap < SPEC[fam][1]:
         pytest.skip(f"family {fam} needs compute capability >= {SPEC[fam][1]}")
     return native.family_module(fam)
 
@@ -156,7 +166,8 @@ def test_cross_attention_gqa_mqa(fam, nq, nk, hq, hkv, causal):
 # sm89's "fp32+fp16" (index 2) maps V's amax to 2.25 (not 448) so its fp16 inner sums stay finite;
 # the reference does the same (sageattention.reference.fp8_v_max_for).
 @pytest.mark.parametrize("fam, accum_index",
-                         [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1), ("sm89", 2)])
+                         [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1), ("sm89", 2),
+                          ("sm90", 0)])
 @pytest.mark.parametrize("gran", ("per_warp", "per_thread"))
 @pytest.mark.parametrize("smooth", (False, True))
 def test_granularity_accumulation_smoothing(fam, accum_index, gran, smooth):
@@ -192,8 +203,8 @@ def test_no_nan_on_zero_constant_and_large_inputs(fam):
 @pytest.mark.parametrize("fam", SPEC)
 @pytest.mark.parametrize("d", (64, 128))
 def test_bfloat16_v_beyond_fp16_range(fam, d):
-    # |V| ~ 1e5 > 65504: sm80's default ("fp32") runs P.V in bf16 and sm89 scales V per channel,
-    # so the output stays finite and within the bars (an fp16 V would be inf).
+    # |V| ~ 1e5 > 65504: sm80's default ("fp32") and sm90 run P.V in bf16 and sm89 scales V per
+    # channel, so the output stays finite and within the bars (an fp16 V would be inf).
     family(fam)
     q, k, v = make_qkv(1, 4, 2, 300, 300, d, torch.bfloat16, seed=d)
     v = (v.float() * 1e5).to(torch.bfloat16)
@@ -206,8 +217,9 @@ def test_bfloat16_v_beyond_fp16_range(fam, d):
     assert cos >= BARS[fam][0] and rel <= BARS[fam][1], (cos, rel)
 
 
-def test_quant_int8_matches_reference():
-    mod = family("sm80")
+@pytest.mark.parametrize("fam", FP16_FAMILIES)
+def test_quant_int8_matches_reference(fam):
+    mod = family(fam)
     x = torch.randn(2, 3, 200, 128, device="cuda", dtype=torch.bfloat16)
     for gran in ("per_block", "per_warp", "per_thread"):
         for is_key in (False, True):
@@ -246,8 +258,11 @@ def test_opcheck(fam):
     family(fam)
     ns = getattr(torch.ops, f"sageattention_{fam}")
     q, k, v = make_qkv(1, 2, 1, 70, 90, 64)
-    if fam == "sm80":
+    if SPEC[fam][0] == "qk_int8_pv_fp16":
         torch.library.opcheck(ns.qk_int8_pv_fp16, (q, k, v, "HND", True, 0.1, "per_warp", "fp32", True, True))
+        torch.library.opcheck(ns.qk_int8_pv_fp16,
+                              (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "NHD", False,
+                               0.1, "per_thread", "fp32", False, False))
     else:
         torch.library.opcheck(ns.qk_int8_pv_fp8,
                               (q, k, v, "HND", True, 0.1, "per_warp", "fp32+fp32", True, True, True))
@@ -323,3 +338,64 @@ def test_second_device(fam):
             qk_quant_gran="per_thread", pv_accum_dtype=SPEC[fam][2][0], smooth_k=True,
             smooth_v=False, return_lse=False)
     assert out.device == q1.device and torch.equal(out.cpu(), expected.cpu())
+
+
+# --- the sm90 family: what only it needs ----------------------------------------------------
+
+@pytest.mark.parametrize("d", (64, 128))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_sm90_matches_the_sm80_family(d, dtype):
+    # Same contract, same quantization: the two families differ by float summation order only.
+    family("sm90")
+    family("sm80")
+    q, k, v = make_qkv(2, 8, 2, 1000, 1000, d, dtype, seed=d)
+    for causal in (False, True):
+        out90, lse90 = run("sm90", q, k, v, causal=causal, return_lse=True)
+        out80, lse80 = run("sm80", q, k, v, causal=causal, return_lse=True, accum="fp32")
+        cos, rel, mx = metrics(out90, out80)
+        assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+        assert torch.allclose(lse90, lse80, atol=1e-3, rtol=0)
+
+
+def test_sm90_op_names_the_accepted_accumulation():
+    family("sm90")
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
+    for accum in ("fp16+fp32", "fp16", "fp32+fp32"):
+        with pytest.raises(RuntimeError, match="pv_accum_dtype for the sm90 family must be 'fp32'"):
+            torch.ops.sageattention_sm90.qk_int8_pv_fp16(q, k, v, "HND", False, 0.1, "per_warp", accum,
+                                                         True, False)
+    with pytest.raises(ValueError, match=r"pv_accum_dtype='fp16'.*accepted: \['fp32'\]"):
+        run("sm90", q, k, v, accum="fp16")
+    with pytest.raises(RuntimeError, match="head dim must be 64 or 128, got 96"):
+        torch.ops.sageattention_sm90.qk_int8_pv_fp16(*make_qkv(1, 2, 2, 64, 64, 96), "HND", False, 0.1,
+                                                     "per_warp", "fp32", True, False)
+
+
+def test_fp16_cuda_function_runs_the_sm90_family_for_fp32_accumulation():
+    family("sm90")
+    import sageattention as sa
+
+    q, k, v = make_qkv(1, 4, 4, 300, 300, 128)
+    out = sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, is_causal=True, pv_accum_dtype="fp32")
+    assert sa.last_backend() == "cuda-sm90-fp16"
+    r_out, _ = ref("sm90", q, k, v, causal=True, gran="per_thread")
+    cos, rel, mx = metrics(out, r_out)
+    assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+    if native.available_families()["sm80"] is None:  # modes only the sm80 family has
+        sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp16+fp32")
+        assert sa.last_backend() == "cuda-sm80-fp16"
+
+
+def test_sm90_ops_refuse_other_gpus_in_words():
+    cap = torch.cuda.get_device_capability()
+    if cap == ONLY_ON["sm90"]:
+        pytest.skip("needs a GPU other than compute capability 9.0 (this one runs the family)")
+    reason = native.available_families()["sm90"]
+    if reason is not None:
+        pytest.skip(reason)
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
+    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+        torch.ops.sageattention_sm90.qk_int8_pv_fp16(q, k, v, "HND", False, 0.1, "per_warp", "fp32",
+                                                     True, False)
+    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+        torch.ops.sageattention_sm90.quant_int8(q, None, "HND", "per_warp", False, 1.0)
