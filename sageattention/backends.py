@@ -139,8 +139,8 @@ def backend(name: str) -> Backend:
 # triton-fp16 measured 1.6-1.8x faster than cuda-sm80-fp16 there, but the static order (return_lse,
 # calibration off) keeps the native family first: it is what the wheel exists to carry and validate.
 # sm90: cuda-sm90-fp16 (the sm_90a wgmma kernel, same contract as cuda-sm80-fp16's "fp32" mode) first:
-# on the H200 it measured 512/425/595/552 TOPS at d=128 against mma.sync's 395/338/434/412, and
-# 349/301/390/374 against 338/285/375/343 at d=64 (benchmarks/results/h200-2026-12-03-wgmma-ws1.log).
+# on the H200 it measured 522/429/605/566 TOPS at d=128 against mma.sync's 392/334/439/414, and
+# 351/294/408/375 against 335/286/372/344 at d=64 (benchmarks/results/h200-2026-12-03-wgmma-ws2.log).
 # It serves only (9, 0), so on newer GPUs that take this rule `Backend.serves` drops it. Then
 # cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases and more
 # accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs 0.9992);

@@ -90,7 +90,11 @@ def test_attention_uses_the_warp_specialized_wgmma_kernel_directly():
     shapes = {int(d): tuple(map(int, (nwg, n, st))) + (pp,) for d, nwg, n, st, pp in re.findall(
         r"struct Tile<(\d+)> \{\s*static constexpr int kConsumerWarpgroups = (\d+), kBlockN = (\d+), "
         r"kStages = (\d+);\s*static constexpr bool kPingPong = (\w+);", tiles)}
-    assert shapes == {64: (1, 128, 2, "false"), 128: (2, 128, 2, "false")}
+    # the tuning choice may change; the shapes must be ones the kernel's traits accept
+    assert set(shapes) == {64, 128}
+    for nwg, block_n, stages, pingpong in shapes.values():
+        assert nwg in (1, 2) and block_n in (64, 128) and stages >= 2
+        assert pingpong in ("false", "true") and (pingpong == "false" or nwg == 2)
     assert "PvKind::kBf16, __nv_bfloat16" in tiles and "PvKind::kFp16, __half" in tiles
     assert "pv_in_bf16(dtype, PvAccum::kF32)" in tiles
     assert "launch_attention<64>" in _source("attn_hd64.cu")
