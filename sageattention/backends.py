@@ -145,8 +145,9 @@ def backend(name: str) -> Backend:
 # cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases and more
 # accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs 0.9992);
 # it also takes the accumulation modes cuda-sm90-fp16 lacks. This order applies where the
-# calibration table does not (return_lse, masks off-table); the table, measured before
-# cuda-sm90-fp16 existed, ranks it after every backend it measured.
+# calibration table does not (return_lse, masks off-table); where it does, the table measured
+# with the sm90 family (benchmarks/results/h200-2026-12-03-calibration-sm90family.json) picks
+# cuda-sm90-fp16 at 1x32x16384x128 and SDPA or triton-fp16 elsewhere.
 PREFERENCE = (
     ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16",
               "triton-fp8", SDPA)),
