@@ -624,19 +624,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
   // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
   wg::KBlock<BLOCK_N> blk(p, 0, qs, ks_src, ks_step, row0, g, t);
-#if SAGE_WG_WS_OVERLAP
-  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
-  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
-  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
-  // first pipelined kernel failed exactly so, docs/kernels.md).
-  const bool never = p.q_len < 0;
-  const uint32_t scratch = sQ;
-  uint32_t pa[BLOCK_N / 16][4];
-  {
-    float alpha[2];
-    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);  // O is still 0
-  }
-  for (int kb = 0; kb < n_kblocks; ++kb) {
+  // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
+  // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
+  // refills it any more): no branch around the wgmma groups.
+  auto issue_products = [&](int kb, const uint32_t (&pa)[BLOCK_N / 16][4]) {
     const int st = kb % STAGES, nst = (kb + 1) % STAGES;
     const bool more = kb + 1 < n_kblocks;
     sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
@@ -652,6 +643,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if constexpr (PINGPONG) {
       if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
     }
+  };
+  // O *= alpha once P_{kb-1} V_{kb-1} is complete; a warp whose row maxima all stayed skips it.
+  auto rescale_o = [&](const float (&alpha)[2]) {
+    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+      wg::rescale<HEAD_DIM>(o, alpha);
+  };
+#if SAGE_WG_WS_OVERLAP
+  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
+  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
+  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
+  // first pipelined kernel failed exactly so, docs/kernels.md).
+  const bool never = p.q_len < 0;
+  const uint32_t scratch = sQ;
+  uint32_t pa[BLOCK_N / 16][4];
+  {
+    float alpha[2];
+    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);  // O is still 0
+  }
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    const bool more = kb + 1 < n_kblocks;
+    issue_products(kb, pa);
     blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);
     wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
     wgmma_pin(s_i);
@@ -667,9 +679,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                      "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
                      : "memory");
     }
-    sm90::mbar_arrive(empty(st));
-    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
-      wg::rescale<HEAD_DIM>(o, alpha);
+    sm90::mbar_arrive(empty(kb % STAGES));
+    rescale_o(alpha);
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc)
       #pragma unroll
@@ -677,39 +688,21 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   }
 #else
   for (int kb = 0; kb < n_kblocks; ++kb) {
-    const int st = kb % STAGES, nst = (kb + 1) % STAGES;
 #if !SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb, qs, ks_src, ks_step, row0, g, t);
 #endif
     float alpha[2];
     uint32_t pa[BLOCK_N / 16][4];
     wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
-    // P_{kb-1} V_{kb-1} completed last iteration; a warp whose row maxima all stayed skips it
-    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
-      wg::rescale<HEAD_DIM>(o, alpha);
-
-    sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
-    if (kb + 1 < n_kblocks) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
-    fence_proxy_async_smem();
-    if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
-    // S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb back to back. The last block issues an unused S on
-    // a stale buffer (nothing refills it any more): no branch around the wgmma groups.
-    wg::preset_scores<BLOCK_N>(s_i);
-    wgmma_fence();
-    wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
-    wgmma_commit();
-    wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
-    wgmma_commit();
-    if constexpr (PINGPONG) {
-      if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
-    }
+    rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+    issue_products(kb, pa);
 #if SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);  // in range: guarded
 #endif
     wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
     wgmma_pin(s_i);
     wgmma_pin(o);
-    sm90::mbar_arrive(empty(st));
+    sm90::mbar_arrive(empty(kb % STAGES));
   }
 #endif
   wg::store_rows<HEAD_DIM, OutT>(p, o, l_run, m_run, b, h, bh, row0, g, t);
