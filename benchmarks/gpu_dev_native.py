@@ -102,6 +102,7 @@ KERNELS = {  # label -> (family, op, pv_accum_dtype)
     "sm80-fp16+fp32": ("sm80", "qk_int8_pv_fp16", "fp16+fp32"),
     "sm80-fp16": ("sm80", "qk_int8_pv_fp16", "fp16"),
     "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
+    "sm89-fp32": ("sm89", "qk_int8_pv_fp8", "fp32"),
     "sm90-fp32": ("sm90", "qk_int8_pv_fp16", "fp32"),
 }
 # Families of arch-specific SASS build for their one target (families.json "arch_specific").
@@ -275,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", default="",
                         help="kernels to check and time, comma-separated (default: every label of "
                              "the built families: " + ", ".join(KERNELS) + ")")
+    parser.add_argument("--variant-family", choices=["sm80", "sm89"], default="sm80",
+                        help="the family the variants build (default sm80; sm89 for the FP8 "
+                             "wgmma variant: -DSAGE_WGMMA=1 -DSAGE_WG_WS=1 with --arch 9.0a)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DEFINES",
-                        help="also build the sm80 family with these -D defines (tile shapes, see "
+                        help="also build the variant family with these -D defines (tile shapes, see "
                              "csrc/common/attn_dispatch.cuh), check it against the reference and "
                              "time it (fp16 cases); repeatable")
     parser.add_argument("--variant-csrc", action="append", default=[], metavar="NAME=DIR",
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if not args.skip_build:
         jobs = [(f, "", "", ROOT / "csrc") for f in args.family] + \
-               [("sm80", n, d, tree) for n, (d, tree) in variants.items()]
+               [(args.variant_family, n, d, tree) for n, (d, tree) in variants.items()]
         with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
             futures = {pool.submit(build, f, FAMILY_ARCH.get(f, args.arch), args.std,
                                    Path(args.build_root), n, d, t): (f, n)
@@ -351,11 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             (out / "native_dev.json").write_text(json.dumps(results, indent=1))
             _print_timing(results["timing"], labels)
     for name, (defines, tree) in variants.items():
-        if f"sm80 {name}" in results.get("build_errors", {}):
+        if f"{args.variant_family} {name}" in results.get("build_errors", {}):
             continue
         vout = out / f"variant_{name}"
         env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
-        proc = subprocess.run([sys.executable, __file__, "--family", "sm80", "--skip-build",
+        proc = subprocess.run([sys.executable, __file__, "--family", args.variant_family, "--skip-build",
                                "--skip-tests", "--dtypes", "float16", "--out", str(vout),
                                "--cases", args.cases, "--causal", args.causal, "--labels", args.labels],
                               env=env, capture_output=True, text=True)

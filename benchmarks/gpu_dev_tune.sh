@@ -17,7 +17,8 @@
 # for every build, default 9.0; 9.0a for the wgmma variants: -DSAGE_WGMMA=1), VARIANT_TESTS (a
 # variant NAME: also run the sm80 tests of tests/gpu/test_native_sm80_sm89.py on its build),
 # PROFILE_VARIANT (a variant NAME: the breakdown and ncu steps run its build), NCU_KERNEL (regex
-# of the kernel ncu profiles, default attn_kernel; attn_wgmma for the wgmma variants).
+# of the kernel ncu profiles, default attn_kernel; attn_wgmma for the wgmma variants),
+# VARIANT_FAMILY (the family the variants build: sm80, default, or sm89 for the FP8 wgmma variant).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -36,11 +37,12 @@ fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
   --dtypes "${DTYPES:-float16}" --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
-  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" "${variant_args[@]}" >"$OUT/native.log" 2>&1
+  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" --variant-family "${VARIANT_FAMILY:-sm80}" \
+  "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
 if [ -n "${VARIANT_TESTS:-}" ]; then
   PYTHONPATH=/tmp/native_build/pkg_${VARIANT_TESTS} timeout "${LIMIT_VARIANT_TESTS:-200}" python3 -m pytest -q \
-    tests/gpu/test_native_sm80_sm89.py -k sm80 -p no:cacheprovider --tb=short -x >"$OUT/variant_tests.log" 2>&1
+    tests/gpu/test_native_sm80_sm89.py -k "${VARIANT_FAMILY:-sm80}" -p no:cacheprovider --tb=short -x >"$OUT/variant_tests.log" 2>&1
   echo "variant ${VARIANT_TESTS} tests: exit $? ($(tail -n 1 "$OUT/variant_tests.log"))"
 fi
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null

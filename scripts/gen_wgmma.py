@@ -134,6 +134,29 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_{ty}_ss(float (&d)[{nreg}], uin
 """
 
 
+def rs_e4m3(n: int) -> str:
+    """D(f32) (+)= A(e4m3, registers) * B(e4m3, smem, K-major), m64 n{n} k32."""
+    nreg = n // 2
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    return f"""
+// D (+)= A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32; A from registers (the mma.m16n8k32 8-bit A
+// layout per warp), B K-major in shared memory (FP8 takes no transpose); accumulate = 0: D = A B^T.
+__device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs(float (&d)[{nreg}], const uint32_t (&a)[4],
+                                                     uint64_t desc_b, int accumulate) {{
+#ifdef SAGE_HAS_WGMMA
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 5}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{_regs(nreg)}}}, "
+      "{{%{nreg},%{nreg + 1},%{nreg + 2},%{nreg + 3}}}, %{nreg + 4}, p, 1, 1;\\n}}\\n"
+      : {outs}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#else
+  __trap();
+#endif
+}}
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
@@ -144,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         for ty in ("f16", "bf16"):
             parts.append(rs_16(n, ty))
             parts.append(ss_16(n, ty))
+    for n in (64, 128):
+        parts.append(rs_e4m3(n))
     parts.append("\n}  // namespace sage\n")
     OUT.write_text("".join(parts))
     print(f"wrote {OUT}")

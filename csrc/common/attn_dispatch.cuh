@@ -53,19 +53,10 @@ struct TileShape<128> {
 static_assert(16 * SAGE_HD64_MT * SAGE_HD64_WARPS <= 128 && 16 * SAGE_HD128_MT * SAGE_HD128_WARPS <= 128,
               "CTA_Q must divide the 128-token Q padding");
 
-template <int HEAD_DIM, PvKind PV, PvAccum ACC>
-cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t stream) {
-  using S = TileShape<HEAD_DIM>;
-  if (out_dtype == DType::kFloat16)
-    return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __half>(p, stream);
-  return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __nv_bfloat16>(p, stream);
-}
-
-// FP16-PV families ("fp32" accumulation): fp16 P.V for float16 inputs, bf16 P.V for bfloat16
-// (pv_in_bf16); the output has the inputs' dtype.
 #ifdef SAGE_WGMMA
 // Tuning build for sm_90a only (benchmarks/gpu_dev_native.py --arch 9.0a --variant
-// "wg=-DSAGE_WGMMA=1 ..."): the "fp32" mode runs on the wgmma kernel (attn_wgmma.cuh).
+// "wg=-DSAGE_WGMMA=1 ..."): the sm80 family's "fp32" mode runs on a wgmma kernel (attn_wgmma.cuh),
+// and with SAGE_WG_WS=1 the sm89 family's "fp32" / "fp32+fp32" FP8 modes too.
 #ifndef SAGE_WG_NWG
 #define SAGE_WG_NWG 1  // warpgroups (64 query rows each) per CTA
 #endif
@@ -75,9 +66,6 @@ cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t
 #ifndef SAGE_WG_N128
 #define SAGE_WG_N128 128  // keys per block, head dim 128
 #endif
-}  // namespace sage
-#include "attn_wgmma.cuh"
-namespace sage {
 #ifndef SAGE_WG_WS
 #define SAGE_WG_WS 0  // 1: the warp-specialized kernel (a producer warpgroup, mbarriers)
 #endif
@@ -87,6 +75,34 @@ namespace sage {
 #ifndef SAGE_WG_PINGPONG
 #define SAGE_WG_PINGPONG 0  // WS with NWG=2: the consumer warpgroups take turns issuing wgmmas
 #endif
+}  // namespace sage
+#include "attn_wgmma.cuh"
+namespace sage {
+#endif  // SAGE_WGMMA
+
+template <int HEAD_DIM, PvKind PV, PvAccum ACC>
+cudaError_t launch_attn_dtype(const AttnParams& p, DType out_dtype, cudaStream_t stream) {
+  using S = TileShape<HEAD_DIM>;
+#if defined(SAGE_WGMMA) && SAGE_WG_WS
+  // Tuning build (sm89 family, -DSAGE_WGMMA=1 -DSAGE_WG_WS=1): FP8 P.V with "fp32" or "fp32+fp32"
+  // accumulation on the warp-specialized wgmma kernel, 128-key blocks.
+  if constexpr (PV == PvKind::kFp8 && (ACC == PvAccum::kF32 || ACC == PvAccum::kF32F32)) {
+    constexpr bool kTwoLevel = ACC == PvAccum::kF32F32;
+    if (out_dtype == DType::kFloat16)
+      return launch_attn_wgmma_ws<HEAD_DIM, SAGE_WG_NWG, 128, SAGE_WG_STAGES, SAGE_WG_PINGPONG, PV, __half,
+                                  kTwoLevel>(p, stream);
+    return launch_attn_wgmma_ws<HEAD_DIM, SAGE_WG_NWG, 128, SAGE_WG_STAGES, SAGE_WG_PINGPONG, PV,
+                                __nv_bfloat16, kTwoLevel>(p, stream);
+  }
+#endif
+  if (out_dtype == DType::kFloat16)
+    return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __half>(p, stream);
+  return launch_attn<HEAD_DIM, S::kMT, S::kWarps, S::kQReg, S::kKSub, PV, ACC, __nv_bfloat16>(p, stream);
+}
+
+// FP16-PV families ("fp32" accumulation): fp16 P.V for float16 inputs, bf16 P.V for bfloat16
+// (pv_in_bf16); the output has the inputs' dtype.
+#ifdef SAGE_WGMMA
 template <int HEAD_DIM>
 cudaError_t launch_attn_pv16_f32(const AttnParams& p, DType dtype, cudaStream_t stream) {
   constexpr int kN = HEAD_DIM == 64 ? SAGE_WG_N64 : SAGE_WG_N128;

@@ -138,6 +138,31 @@ struct VCopy {
   }
 };
 
+// FP8 V^T (the sm89 family's quant_v_fp8 layout [B, Hkv, D, k_pad] e4m3, tokens permuted within
+// 16-token groups): HEAD_DIM rows of BLOCK_N = 128 token bytes, K-major, 128B swizzle. A thread
+// copies one column chunk of every ROWS_PER_PASS-th row; chunks past k_pad (a multiple of 64) are
+// zero-filled, unread: an e4m3 byte there could be NaN, and 0 * NaN is NaN.
+template <int HEAD_DIM, int BLOCK_N, int THREADS>
+struct VtCopy {
+  static constexpr int kChunks = BLOCK_N / 16, kRowsPerPass = THREADS / kChunks;
+  static_assert(BLOCK_N == 128 && THREADS % kChunks == 0 && HEAD_DIM % kRowsPerPass == 0 &&
+                kRowsPerPass % 8 == 0, "V^T copy tiling");
+  int col;  // this thread's first token inside a block
+  uint32_t dst0;
+  const uint8_t* src0;
+  int64_t stride;  // bytes between V^T rows (k_pad)
+  __device__ __forceinline__ VtCopy(const uint8_t* g, int64_t k_pad, int tid)
+      : col((tid % kChunks) * 16), dst0(swizzled<128>(tid / kChunks, tid % kChunks)),
+        src0(g + (tid / kChunks) * k_pad + (tid % kChunks) * 16), stride(k_pad) {}
+  // tokens [tok0, tok0 + BLOCK_N) of which the first `valid` exist (k_pad - tok0)
+  __device__ __forceinline__ void operator()(uint32_t tile, int tok0, int valid) const {
+    const bool ok = col < valid;
+    #pragma unroll
+    for (int i = 0; i < HEAD_DIM / kRowsPerPass; ++i)
+      cp_async_16(tile + dst0 + i * kRowsPerPass * 128, ok ? src0 + tok0 + i * kRowsPerPass * stride : src0, ok);
+  }
+};
+
 template <int N>
 __device__ __forceinline__ void qk_wgmma(int32_t (&s)[N / 2], uint64_t da, uint64_t db, int acc) {
   if constexpr (N == 64) wgmma_m64n64k32_s8(s, da, db, acc);
@@ -180,6 +205,18 @@ __device__ __forceinline__ void issue_qk(int32_t (&acc)[BLOCK_N / 2], uint64_t d
   #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
     qk_wgmma<BLOCK_N>(acc, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+}
+// O (+)= P V in FP8: P from registers (e4m3 A fragments, 32 keys per step), V^T K-major in shared
+// memory (+32 token bytes per step). fresh: the first step overwrites O (a block's own accumulator).
+template <int HEAD_DIM, int BLOCK_N>
+__device__ __forceinline__ void issue_pv_fp8(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 32][4],
+                                             uint32_t vt_tile, bool fresh) {
+  const uint64_t desc_v = make_desc(vt_tile, 16, 8 * 128, 1);
+  #pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 32; ++kc) {
+    if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, pa[kc], desc_v + 2 * kc, !(fresh && kc == 0));
+    else wgmma_m64n128k32_e4m3_rs(o, pa[kc], desc_v + 2 * kc, !(fresh && kc == 0));
+  }
 }
 // O += P V with P from registers (16 keys per step: +16 MN-major V rows of 128 bytes).
 template <int HEAD_DIM, int BLOCK_N, PvKind PV>
@@ -237,15 +274,13 @@ struct KBlock {
 };
 
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
-// the running max and sum, returns the O rescale factors and P as the 16-bit A fragments of the
-// P.V wgmma (n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15, the mma.m16n8k16 A layout).
-template <int BLOCK_N, PvKind PV>
-__device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
-                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
-                                               uint32_t (&pn)[BLOCK_N / 16][4]) {
+// the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
+template <int BLOCK_N>
+__device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                              float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                              float (&sf)[BLOCK_N / 2]) {
   constexpr int kNT = BLOCK_N / 8;
   constexpr int kSub = BLOCK_N / kBlkK;
-  float sf[BLOCK_N / 2];
   #pragma unroll
   for (int j = 0; j < kNT; ++j)
     #pragma unroll
@@ -297,6 +332,12 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
       }
     l_run[r] = l_run[r] * alpha[r] + rowsum;
   }
+}
+
+// P as the 16-bit A fragments of the P.V wgmma (n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15, the
+// mma.m16n8k16 A layout).
+template <int BLOCK_N, PvKind PV>
+__device__ __forceinline__ void pack_p16_frags(const float (&sf)[BLOCK_N / 2], uint32_t (&pn)[BLOCK_N / 16][4]) {
   #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
     pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
@@ -304,6 +345,35 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
     pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
     pn[kc][3] = pack_p16<PV>(sf[8 * kc + 6], sf[8 * kc + 7]);
   }
+}
+
+// P * 448 as the e4m3 A fragments of the FP8 P.V wgmma (k32 steps): register r + 2 * half of step
+// kc holds row g (+8 for r = 1), columns 2t, 2t+1 of n8 tiles 4kc + 2half and 4kc + 2half + 1,
+// the order in which the FP8 V^T's stored tokens meet them (docs/kernels.md, sm89 V layout).
+template <int BLOCK_N>
+__device__ __forceinline__ void pack_p8_frags(const float (&sf)[BLOCK_N / 2], uint32_t (&pn)[BLOCK_N / 32][4]) {
+  #pragma unroll
+  for (int kc = 0; kc < BLOCK_N / 32; ++kc)
+    #pragma unroll
+    for (int r = 0; r < 2; ++r)
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = 4 * kc + 2 * half;
+        const uint32_t lo = f32x2_to_e4m3x2(sf[4 * j + 2 * r] * kFp8PScale, sf[4 * j + 2 * r + 1] * kFp8PScale);
+        const uint32_t hi =
+            f32x2_to_e4m3x2(sf[4 * j + 4 + 2 * r] * kFp8PScale, sf[4 * j + 4 + 2 * r + 1] * kFp8PScale);
+        pn[kc][r + 2 * half] = lo | (hi << 16);
+      }
+}
+
+// The softmax and the 16-bit packing together (the 16-bit P.V paths).
+template <int BLOCK_N, PvKind PV>
+__device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                               uint32_t (&pn)[BLOCK_N / 16][4]) {
+  float sf[BLOCK_N / 2];
+  softmax_probs<BLOCK_N>(s, blk, m_run, l_run, alpha, sf);
+  pack_p16_frags<BLOCK_N, PV>(sf, pn);
 }
 
 template <int HEAD_DIM>
@@ -318,23 +388,33 @@ __device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 2], const float (&
 }
 
 // Epilogue of the thread's rows row0 + g (+8): O / l in the output's dtype, and the LSE.
-template <int HEAD_DIM, typename OutT>
+// FP8: O is P*448 times the scaled e4m3 V: divide by 448, multiply by V's per-channel scale and add
+// its mean back (the sm89 contract).
+template <int HEAD_DIM, typename OutT, bool FP8 = false>
 __device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)[HEAD_DIM / 2],
                                            const float (&l_run)[2], const float (&m_run)[2], int b,
-                                           int h, int64_t bh, int row0, int g, int t) {
+                                           int h, int64_t bh, int row0, int g, int t, int64_t bhkv = 0) {
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(l_run[r]);
     const int row = row0 + g + 8 * r;
     if (row >= p.q_len) continue;
-    const float inv = 1.f / l;
+    const float inv = FP8 ? 1.f / (l * kFp8PScale) : 1.f / l;
     OutT* orow = out + row * p.o_sn;
     #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
       const int d = j * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(orow + d) =
-          pack_out2<OutT>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      float a = o[4 * j + 2 * r] * inv, c = o[4 * j + 2 * r + 1] * inv;
+      if constexpr (FP8) {
+        a *= p.v_scale[bhkv * HEAD_DIM + d];
+        c *= p.v_scale[bhkv * HEAD_DIM + d + 1];
+        if (p.v_mean) {
+          a += p.v_mean[bhkv * HEAD_DIM + d];
+          c += p.v_mean[bhkv * HEAD_DIM + d + 1];
+        }
+      }
+      *reinterpret_cast<uint32_t*>(orow + d) = pack_out2<OutT>(a, c);
     }
     if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[r]);
   }
@@ -509,14 +589,15 @@ cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
 // softmax and MMA phases can drift apart; PINGPONG additionally makes them take turns issuing
 // their wgmmas (named barriers), so one's softmax overlaps the other's products.
 // The producer gives most of its registers to the consumers (setmaxnreg).
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES>
+// V_BYTES: bytes per V element (2: fp16/bf16 V, MN-major; 1: FP8 V^T, K-major).
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int V_BYTES = 2>
 struct WgmmaWsTraits {
   static constexpr int kConsumers = NWG * 128;
   static constexpr int kThreads = kConsumers + 128;
   static constexpr int kCtaQ = NWG * 64;
   static constexpr int kQBytes = kCtaQ * HEAD_DIM;
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
-  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * 2;
+  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * V_BYTES;
   static constexpr int kBarBytes = (3 * STAGES + 1) * 8;  // full K, full V, empty per stage; Q
   static constexpr int kSmemBytes = kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
@@ -533,12 +614,19 @@ struct WgmmaWsTraits {
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
 };
 
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT>
+// PV: fp16 / bf16 P.V on V as given ("fp32" accumulation), or FP8 (P * 448 and the sm89 family's
+// e4m3 V^T with per-channel scales; a tuning variant so far, docs/kernels.md). TWO_LEVEL (FP8):
+// each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
+// O ("fp32").
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT,
+          bool TWO_LEVEL = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p) {
 #if defined(SAGE_HAS_WGMMA)
-  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>;
-  static_assert(pv_is_16bit(PV), "16-bit P.V");
+  constexpr bool kFp8 = PV == PvKind::kFp8;
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2>;
+  static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
+  static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -571,17 +659,24 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     sm90::regs_lower<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumers;
     const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
-    const __half* gV = reinterpret_cast<const __half*>(p.v) + b * p.v_sb + cta.hkv * p.v_sh;
     wg::QKCopy<HEAD_DIM, Tr::kCtaQ, 128>(p.q + (bh * p.q_pad + q0) * HEAD_DIM, ptid)(sQ, 0, Tr::kCtaQ);
     sm90::mbar_arrive_on_cp_async(full_q);
     const wg::QKCopy<HEAD_DIM, BLOCK_N, 128> copy_k(gK, ptid);
-    const wg::VCopy<HEAD_DIM, BLOCK_N, 128> copy_v(gV, p.v_sn, ptid);
+    auto copy_v = [&] {
+      if constexpr (kFp8)
+        return wg::VtCopy<HEAD_DIM, BLOCK_N, 128>(
+            static_cast<const uint8_t*>(p.v) + bhkv * HEAD_DIM * p.k_pad, p.k_pad, ptid);
+      else
+        return wg::VCopy<HEAD_DIM, BLOCK_N, 128>(
+            reinterpret_cast<const __half*>(p.v) + b * p.v_sb + cta.hkv * p.v_sh, p.v_sn, ptid);
+    }();
+    const int v_len = kFp8 ? p.k_pad : p.kv_len;  // FP8 V^T is zero-padded to k_pad tokens
     for (int kb = 0; kb < n_kblocks; ++kb) {
       const int st = kb % STAGES;
       if (kb >= STAGES) sm90::mbar_wait(empty(st), (kb / STAGES - 1) & 1);  // its last reader is done
       copy_k(sK + st * Tr::kKBytes, kb * BLOCK_N, p.k_pad - kb * BLOCK_N);
       sm90::mbar_arrive_on_cp_async(full_k(st));
-      copy_v(sV + st * Tr::kVBytes, kb * BLOCK_N, p.kv_len - kb * BLOCK_N);
+      copy_v(sV + st * Tr::kVBytes, kb * BLOCK_N, v_len - kb * BLOCK_N);
       sm90::mbar_arrive_on_cp_async(full_v(st));
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -601,6 +696,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   float o[HEAD_DIM / 2];
   #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  [[maybe_unused]] float ob[TWO_LEVEL ? HEAD_DIM / 2 : 1];  // TWO_LEVEL: this block's P.V
   const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
 
   // Ping-pong: warpgroup w issues its products after the other one has issued its own (named
@@ -627,7 +723,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
   // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
   // refills it any more): no branch around the wgmma groups.
-  auto issue_products = [&](int kb, const uint32_t (&pa)[BLOCK_N / 16][4]) {
+  auto issue_products = [&](int kb, const auto& pa) {
     const int st = kb % STAGES, nst = (kb + 1) % STAGES;
     const bool more = kb + 1 < n_kblocks;
     sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
@@ -638,7 +734,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_fence();
     wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
     wgmma_commit();
-    wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+    if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+    else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
+    else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
     wgmma_commit();
     if constexpr (PINGPONG) {
       if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
@@ -650,6 +748,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       wg::rescale<HEAD_DIM>(o, alpha);
   };
 #if SAGE_WG_WS_OVERLAP
+  static_assert(!kFp8, "the overlapped loop is written for 16-bit P.V");
   // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
   // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
   // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
@@ -692,10 +791,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     blk = wg::KBlock<BLOCK_N>(p, kb, qs, ks_src, ks_step, row0, g, t);
 #endif
     float alpha[2];
-    uint32_t pa[BLOCK_N / 16][4];
-    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
-    rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
-    issue_products(kb, pa);
+    if constexpr (kFp8) {
+      float sf[BLOCK_N / 2];
+      wg::softmax_probs<BLOCK_N>(s_i, blk, m_run, l_run, alpha, sf);
+      uint32_t pa[BLOCK_N / 32][4];
+      wg::pack_p8_frags<BLOCK_N>(sf, pa);
+      if constexpr (!TWO_LEVEL) rescale_o(alpha);
+      issue_products(kb, pa);
+    } else {
+      uint32_t pa[BLOCK_N / 16][4];
+      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
+      rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+      issue_products(kb, pa);
+    }
 #if SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);  // in range: guarded
 #endif
@@ -703,18 +811,30 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_pin(s_i);
     wgmma_pin(o);
     sm90::mbar_arrive(empty(kb % STAGES));
+    if constexpr (TWO_LEVEL) {  // O = alpha O + P_kb V_kb, in fp32
+      wgmma_pin(ob);
+      #pragma unroll
+      for (int j = 0; j < HEAD_DIM / 8; ++j) {
+        o[4 * j + 0] = fmaf(o[4 * j + 0], alpha[0], ob[4 * j + 0]);
+        o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], ob[4 * j + 1]);
+        o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], ob[4 * j + 2]);
+        o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
+      }
+    }
   }
 #endif
-  wg::store_rows<HEAD_DIM, OutT>(p, o, l_run, m_run, b, h, bh, row0, g, t);
+  wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
 #endif
 }
 
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT>
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT,
+          bool TWO_LEVEL = false>
 cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
-  return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT>,
-                                  WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>>(p, stream);
+  return launch_over_query_blocks<
+      attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
+      WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, PV == PvKind::kFp8 ? 1 : 2>>(p, stream);
 }
 
 }  // namespace sage

@@ -86,3 +86,17 @@ def test_mma_peak_kernel_source_names_every_operand():
         assert f"mma.sync.aligned.{ptx}" in src
         assert f"%{nc + na + nb - 1}" in src and f"%{nc + na + nb}" not in src
         assert src.count(f'"+{ctype}"(acc[c]') == nc
+
+
+def test_generated_wgmma_wrappers_are_what_the_generator_writes(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("gen_wgmma", ROOT / "scripts" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    monkeypatch.setattr(gen, "OUT", tmp_path / "wgmma_ops.cuh")
+    gen.main([])
+    committed = (ROOT / "csrc" / "common" / "wgmma_ops.cuh").read_text()
+    assert (tmp_path / "wgmma_ops.cuh").read_text() == committed, "run: python scripts/gen_wgmma.py"
+    # every shape the kernels call exists, the FP8 P.V ones included
+    for name in ("wgmma_m64n128k32_s8", "wgmma_m64n128k16_f16_rs", "wgmma_m64n128k16_bf16_ss",
+                 "wgmma_m64n64k32_e4m3_rs", "wgmma_m64n128k32_e4m3_rs"):
+        assert f"void {name}(" in committed, name
