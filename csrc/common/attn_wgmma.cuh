@@ -248,6 +248,18 @@ struct WgmmaTraits {
 
 namespace wg {
 
+// The thread's Q scale (rows row0 + g, + 8) and where its K scales start and step (per_thread: the
+// column group t of every 64-key block, 4 scales per block).
+struct ThreadScales {
+  float qs;
+  const float* ks_src;
+  int ks_step;
+  __device__ __forceinline__ ThreadScales(const AttnParams& p, int64_t bh, int64_t bhkv, int row0, int g, int t)
+      : qs(p.q_scale[bh * p.q_groups + q_scale_index(p.gran, row0, g)]),
+        ks_src(p.k_scale + bhkv * p.k_groups + (p.gran == QuantGran::kPerThread ? t : 0)),
+        ks_step(p.gran == QuantGran::kPerThread ? 4 : 1) {}
+};
+
 // One K block's setup for the thread's rows row0 + g and row0 + g + 8 (row0 = the warp's first
 // query row): the dequantization factors of its 64-key scale blocks, whether any of the warp's
 // rows needs masking, and each row's key limit relative to the thread's first column 2t.
@@ -256,12 +268,12 @@ struct KBlock {
   float dq[BLOCK_N / kBlkK];
   bool need_mask;
   int limit[2];
-  __device__ __forceinline__ KBlock(const AttnParams& p, int kb, float qs, const float* ks_src,
-                                    int ks_step, int row0, int g, int t) {
+  __device__ __forceinline__ KBlock(const AttnParams& p, int kb, const ThreadScales& sc, int row0, int g,
+                                    int t) {
     #pragma unroll
     for (int sub = 0; sub < BLOCK_N / kBlkK; ++sub) {
       const int blk = kb * (BLOCK_N / kBlkK) + sub;
-      dq[sub] = qs * (blk < p.k_pad / kBlkK ? ks_src[blk * ks_step] : 1.f);
+      dq[sub] = sc.qs * (blk < p.k_pad / kBlkK ? sc.ks_src[blk * sc.ks_step] : 1.f);
     }
     const int k0 = kb * BLOCK_N;
     need_mask = (k0 + BLOCK_N > p.kv_len) || (p.causal && k0 + BLOCK_N - 1 > row0);
@@ -464,10 +476,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
 
   // ---- per-thread state: rows row0 + g and row0 + g + 8 ----
   const int wrow0 = wgi * 64 + wq * 16;  // inside the CTA
-  const float qs = p.q_scale[bh * p.q_groups + q_scale_index(p.gran, q0 + wrow0, g)];
-  const bool k_per_thread = p.gran == QuantGran::kPerThread;
-  const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
-  const int ks_step = k_per_thread ? 4 : 1;
+  const wg::ThreadScales sc(p, bh, bhkv, q0 + wrow0, g, t);
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float o[HEAD_DIM / 2];
@@ -512,7 +521,7 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   uint32_t pa[BLOCK_N / 16][4];
   for (int kb = 0; kb < n_kblocks; ++kb) {
     // ---- softmax of S_kb (base 2) while P_{kb-1} V_{kb-1} runs ----
-    const wg::KBlock<BLOCK_N> blk(p, kb, qs, ks_src, ks_step, q0 + wrow0, g, t);
+    const wg::KBlock<BLOCK_N> blk(p, kb, sc, q0 + wrow0, g, t);
     float alpha[2];
     uint32_t pn[BLOCK_N / 16][4];
     wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
@@ -687,10 +696,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   sm90::regs_raise<Tr::kConsumerRegs>();
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
   const int row0 = q0 + wgi * 64 + wq * 16;  // the warp's first query row
-  const float qs = p.q_scale[bh * p.q_groups + q_scale_index(p.gran, row0, g)];
-  const bool k_per_thread = p.gran == QuantGran::kPerThread;
-  const float* const ks_src = p.k_scale + bhkv * p.k_groups + (k_per_thread ? t : 0);
-  const int ks_step = k_per_thread ? 4 : 1;
+  const wg::ThreadScales sc(p, bh, bhkv, row0, g, t);
 
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   float o[HEAD_DIM / 2];
@@ -719,7 +725,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 
   // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
   // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
-  wg::KBlock<BLOCK_N> blk(p, 0, qs, ks_src, ks_step, row0, g, t);
+  wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
   // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
   // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
   // refills it any more): no branch around the wgmma groups.
@@ -763,7 +769,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   for (int kb = 0; kb < n_kblocks; ++kb) {
     const bool more = kb + 1 < n_kblocks;
     issue_products(kb, pa);
-    blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);
+    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
     wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
     wgmma_pin(s_i);
     float alpha[2] = {1.f, 1.f};
@@ -788,7 +794,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #else
   for (int kb = 0; kb < n_kblocks; ++kb) {
 #if !SAGE_WG_KS_PREFETCH
-    blk = wg::KBlock<BLOCK_N>(p, kb, qs, ks_src, ks_step, row0, g, t);
+    blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
 #endif
     float alpha[2];
     if constexpr (kFp8) {
@@ -805,7 +811,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       issue_products(kb, pa);
     }
 #if SAGE_WG_KS_PREFETCH
-    blk = wg::KBlock<BLOCK_N>(p, kb + 1, qs, ks_src, ks_step, row0, g, t);  // in range: guarded
+    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
 #endif
     wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
     wgmma_pin(s_i);
