@@ -181,3 +181,22 @@ def register_quant_int8_fake(namespace: str) -> None:
         padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
         return (x.new_empty((b, h, padded, d), dtype=torch.int8),
                 x.new_empty((b, h, groups), dtype=torch.float32))
+
+
+def attention_fake_outputs(q, tensor_layout: str, return_lse: bool):
+    """What every family's attention op returns, as fakes: the output (q's shape and dtype) and the
+    LSE ([B, Hq, Nq] fp32, batch 0 when not asked for)."""
+    import torch
+
+    b, h, n, _ = bhnd(q, tensor_layout)
+    return q.new_empty(q.shape), q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32)
+
+
+def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
+    """The fake of ``<namespace>::qk_int8_pv_fp16``, one schema in the sm80 and sm90 families."""
+    import torch
+
+    @torch.library.register_fake(f"{namespace}::qk_int8_pv_fp16")
+    def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
+                   smooth_k, return_lse):
+        return attention_fake_outputs(q, tensor_layout, return_lse)

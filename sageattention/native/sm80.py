@@ -14,16 +14,10 @@ NAMESPACE = "sageattention_sm80"
 
 
 def _register_fakes() -> None:
-    from . import bhnd, register_quant_int8_fake
+    from . import register_qk_int8_pv_fp16_fake, register_quant_int8_fake
 
     register_quant_int8_fake(NAMESPACE)
-
-    @torch.library.register_fake(f"{NAMESPACE}::qk_int8_pv_fp16")
-    def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
-                   smooth_k, return_lse):
-        b, h, n, _ = bhnd(q, tensor_layout)
-        return (q.new_empty(q.shape),
-                q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32))
+    register_qk_int8_pv_fp16_fake(NAMESPACE)
 
 
 # Import the extension (registering its ops) and the fake implementations, once; ImportError

@@ -14,7 +14,7 @@ NAMESPACE = "sageattention_sm89"
 
 
 def _register_fakes() -> None:
-    from . import bhnd, register_quant_int8_fake
+    from . import attention_fake_outputs, bhnd, register_quant_int8_fake
 
     register_quant_int8_fake(NAMESPACE)
 
@@ -29,9 +29,7 @@ def _register_fakes() -> None:
     @torch.library.register_fake(f"{NAMESPACE}::qk_int8_pv_fp8")
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, smooth_v, return_lse):
-        b, h, n, _ = bhnd(q, tensor_layout)
-        return (q.new_empty(q.shape),
-                q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32))
+        return attention_fake_outputs(q, tensor_layout, return_lse)
 
 
 # Import the extension (registering its ops) and the fake implementations, once; ImportError

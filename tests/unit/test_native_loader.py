@@ -186,3 +186,17 @@ def test_bindings_define_the_ops_of_the_family_table(family):
         # the Python wrapper passes the same arguments the schema declares
         mod = __import__(f"sageattention.native.{family}", fromlist=[op])
         assert callable(getattr(mod, op))
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_attention_fake_outputs_have_the_ops_shapes(layout):
+    import torch
+
+    from sageattention.native import attention_fake_outputs
+
+    shape = (2, 3, 5, 64) if layout == "HND" else (2, 5, 3, 64)
+    q = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    out, lse = attention_fake_outputs(q, layout, True)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 3, 5) and lse.dtype == torch.float32
+    assert attention_fake_outputs(q, layout, False)[1].shape == (0, 3, 5)
