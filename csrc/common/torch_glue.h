@@ -170,4 +170,24 @@ inline void fill_attn_common(AttnParams& p, const at::Tensor& q_i8, const at::Te
   p.causal = causal;
 }
 
+// The back half every attention op shares: the output and LSE tensors, the common kernel
+// parameters, then set_v(p) (the family's V fields), launch(p, stream) (the family's kernels on
+// the current stream, returning the launch error) and the K-smoothing LSE term.
+template <typename SetV, typename Launch>
+std::tuple<at::Tensor, at::Tensor> run_attention(const char* op_namespace, const at::Tensor& q,
+                                                 const QuantizedQK& qk, bool hnd, QuantGran gran,
+                                                 bool is_causal, bool smooth_k, bool return_lse,
+                                                 double sm_scale, SetV&& set_v, Launch&& launch) {
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
+  AttnParams p{};
+  fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse, return_lse,
+                   gran, is_causal);
+  set_v(p);
+  const cudaError_t err = launch(p, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, op_namespace, " attention launch failed: ", cudaGetErrorString(err));
+  if (return_lse && smooth_k) add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
+  return {out, lse};
+}
+
 }  // namespace sage::glue

@@ -92,26 +92,22 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::QuantizedQK qk = glue::quantize_qk(&sm89::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
-  auto [v8, v_scale, v_mean] =
+  at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
+  std::tie(v8, v_scale, v_mean) =
       quant_v_fp8_impl(v, hnd, smooth_v, accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : kFp8Max);
 
-  at::Tensor out = at::empty(q.sizes(), q.options());
-  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
-  AttnParams p{};
-  glue::fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse,
-                         return_lse, gran, is_causal);
-  TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
-  p.v = v8.data_ptr();
-  p.v_scale = v_scale.data_ptr<float>();
-  p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const DType od = glue::dtype_of(q);
-  const cudaError_t err =
-      qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
-  TORCH_CHECK(err == cudaSuccess, "sageattention_sm89 attention launch failed: ",
-              cudaGetErrorString(err));
-  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
-  return {out, lse};
+  return glue::run_attention(
+      "sageattention_sm89", q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,
+      [&](AttnParams& p) {
+        TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
+        p.v = v8.data_ptr();
+        p.v_scale = v_scale.data_ptr<float>();
+        p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
+      },
+      [&](const AttnParams& p, cudaStream_t stream) {
+        return qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+      });
 }
 
 }  // namespace

@@ -53,19 +53,15 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   const at::Tensor v16 = glue::vector_friendly(v);
   const glue::View V = glue::view_of(v16, hnd);
 
-  at::Tensor out = at::empty(q.sizes(), q.options());
-  at::Tensor lse = at::empty({return_lse ? qk.Q.B : 0, qk.Q.H, qk.Q.N}, q.options().dtype(at::kFloat));
-  AttnParams p{};
-  glue::fill_attn_common(p, qk.q_i8, qk.q_scale, qk.k_i8, qk.k_scale, qk.Q, qk.K, out, hnd, lse,
-                         return_lse, gran, is_causal);
-  p.v = v16.data_ptr();
-  p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const cudaError_t err = qk.Q.D == 64 ? attn_hd64(p, dtype, stream) : attn_hd128(p, dtype, stream);
-  TORCH_CHECK(err == cudaSuccess, "sageattention_sm90 attention launch failed: ",
-              cudaGetErrorString(err));
-  if (return_lse && smooth_k) glue::add_smoothing_lse(lse, q, *qk.k_mean, hnd, sm_scale);
-  return {out, lse};
+  return glue::run_attention(
+      "sageattention_sm90", q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,
+      [&](AttnParams& p) {
+        p.v = v16.data_ptr();
+        p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
+      },
+      [&](const AttnParams& p, cudaStream_t stream) {
+        return qk.Q.D == 64 ? attn_hd64(p, dtype, stream) : attn_hd128(p, dtype, stream);
+      });
 }
 
 }  // namespace
