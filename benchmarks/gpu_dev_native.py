@@ -140,7 +140,19 @@ def _kernel_fn(label, q, k, v, causal):
                       pv_accum_dtype=accum, smooth_k=True, smooth_v=False, return_lse=False)
 
 
-def accuracy(labels) -> list[dict]:
+def softmax_blocks_of(defines: str) -> dict[int, int] | None:
+    """The online-softmax step per head dim of a variant's kernel: its wgmma K tiles
+    (-DSAGE_WG_N64, -DSAGE_WG_N128, default 128 each) when built with -DSAGE_WGMMA=1, else None
+    (the family's own)."""
+    if not re.search(r"-DSAGE_WGMMA=1\b", defines):
+        return None
+    tiles = {64: 128, 128: 128}
+    for m in re.finditer(r"-DSAGE_WG_N(64|128)=(\d+)", defines):
+        tiles[int(m[1])] = int(m[2])
+    return tiles
+
+
+def accuracy(labels, softmax_blocks: dict[int, int] | None = None) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -155,10 +167,12 @@ def accuracy(labels) -> list[dict]:
         for label in labels:
             fam, _, accum = KERNELS[label]
             out, _ = _kernel_fn(label, q, k, v, causal)()
+            blocks = dict(reference.FAMILY_BLOCK_SIZES[fam])
+            if softmax_blocks:
+                blocks["softmax_blkk"] = softmax_blocks[d]
             r = reference.sageattn_reference(
                 q, k, v, is_causal=causal, qk_quant_gran="per_thread", smooth_k=True,
-                pv_dtype="fp8" if fam == "sm89" else "fp16", pv_accum_dtype=accum,
-                **reference.FAMILY_BLOCK_SIZES[fam])
+                pv_dtype="fp8" if fam == "sm89" else "fp16", pv_accum_dtype=accum, **blocks)
             row = {"kernel": label, "n": n, "d": d, "causal": causal,
                    "finite": bool(torch.isfinite(out).all())}
             for name, ref in (("sdpa32", exact), ("reference", r)):
@@ -288,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                              "commit's kernels: git archive REV csrc | tar -x -C OUT, DIR=OUT/csrc; "
                              "the Python side stays this checkout's, so the tree's ops must match "
                              "its bindings); combines with --variant NAME=DEFINES; repeatable")
+    parser.add_argument("--softmax-blocks", default="", metavar="D64,D128",
+                        help="the kernels' online-softmax step (keys) at head dim 64 and 128 for "
+                             "the reference (default: the family's; variants built with "
+                             "-DSAGE_WGMMA=1 pass their K tiles)")
     args = parser.parse_args(argv)
     if not args.render and not args.family:
         parser.error("--family is required (or --render JSON)")
@@ -302,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"families": args.family}
     try:
         variants = parse_variants(args.variant, args.variant_csrc)
+        softmax_blocks = {name: softmax_blocks_of(d) for name, (d, _) in variants.items()}
     except ValueError as exc:
         parser.error(str(exc))
     if not args.skip_build:
@@ -343,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device here: built only; accuracy and timing need a GPU")
         labels = []
     if labels:
-        results["accuracy"] = accuracy(labels)
+        steps = dict(zip((64, 128), map(int, args.softmax_blocks.split(",")))) if args.softmax_blocks else None
+        results["accuracy"] = accuracy(labels, steps)
         for r in results["accuracy"]:
             print({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
         print(accuracy_verdict(results["accuracy"]))
@@ -361,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
         proc = subprocess.run([sys.executable, __file__, "--family", args.variant_family, "--skip-build",
                                "--skip-tests", "--dtypes", "float16", "--out", str(vout),
-                               "--cases", args.cases, "--causal", args.causal, "--labels", args.labels],
+                               "--cases", args.cases, "--causal", args.causal, "--labels", args.labels]
+                              + (["--softmax-blocks", f"{sb[64]},{sb[128]}"] if (sb := softmax_blocks[name]) else []),
                               env=env, capture_output=True, text=True)
         source = "" if tree == ROOT / "csrc" else f" [csrc {tree}]"
         print(f"== variant {name}: {defines}{source}")

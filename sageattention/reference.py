@@ -42,7 +42,8 @@ FAMILY_BLOCK_SIZES = {
     "sm75": {"blkq": 128, "blkk": 32, "warpq": 16},
     "sm80": {"blkq": 128, "blkk": 64, "warpq": 32},
     "sm89": {"blkq": 128, "blkk": 64, "warpq": 32},
-    "sm90": {"blkq": 128, "blkk": 64, "warpq": 32},  # the sm80 family's quantization kernels
+    # the sm80 family's quantization kernels; the wgmma kernel's online softmax steps 128 keys
+    "sm90": {"blkq": 128, "blkk": 64, "warpq": 32, "softmax_blkk": 128},
     "triton": {"blkq": 128, "blkk": 64, "warpq": 32},
 }
 
@@ -97,7 +98,7 @@ def quantize_int8(x: torch.Tensor, *, granularity: str, is_query: bool, blkq: in
 
 
 def _check_reference_args(q, k, v, tensor_layout, qk_quant_gran, pv_dtype, pv_accum_dtype,
-                          blkq, blkk, warpq):
+                          blkq, blkk, warpq, softmax_blkk=None):
     if tensor_layout not in ("HND", "NHD"):
         raise ValueError(f"tensor_layout={tensor_layout!r} is not accepted; use 'HND' or 'NHD'")
     if qk_quant_gran not in QK_QUANT_GRANS:
@@ -110,6 +111,10 @@ def _check_reference_args(q, k, v, tensor_layout, qk_quant_gran, pv_dtype, pv_ac
     for name, size in (("blkq", blkq), ("blkk", blkk), ("warpq", warpq)):
         if not isinstance(size, int) or size <= 0 or size % 8:
             raise ValueError(f"{name}={size!r} must be a positive multiple of 8")
+    if softmax_blkk is not None and (not isinstance(softmax_blkk, int) or softmax_blkk <= 0
+                                     or softmax_blkk % blkk):
+        raise ValueError(f"softmax_blkk={softmax_blkk!r} must be None or a positive multiple of "
+                         f"blkk={blkk}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor in {tensor_layout} layout")
@@ -171,7 +176,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
                        pv_dtype: str = "fp16", pv_accum_dtype: str = "fp32", blkq: int = 128,
                        blkk: int = 64, warpq: int = 32, return_lse: bool = False,
                        fp8_p_scale: float = FP8_E4M3_MAX, fp8_v_max: float | None = None,
-                       pv16: torch.dtype | None = None):
+                       pv16: torch.dtype | None = None, softmax_blkk: int | None = None):
     """Quantized attention exactly as the kernels compute it, in fp32 with fp16/e4m3 rounding emulated.
 
     q: `[B, Hq, Nq, D]` (HND) or `[B, Nq, Hq, D]` (NHD); k, v: the same with Hkv heads and Nk tokens,
@@ -182,6 +187,9 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     fp8_p_scale / fp8_v_max: FP8 static P scale and the value V's per-channel amax maps to. By default
     (architecture.md) P * 448 and V's amax -> `fp8_v_max_for(pv_accum_dtype)`: 448, or 2.25 for the fp16
     inner accumulator of "fp32+fp16", which 448 * 448 > 65504 would overflow (pass 448 to see it).
+    softmax_blkk: keys per online-softmax step (the kernel's K tile), a multiple of blkk; None: blkk.
+    It matters because P is rounded (fp16, e4m3) relative to the running row maximum at each step:
+    the sm90 wgmma kernel steps 128 keys while its K scales stay per 64-key block.
     pv16: the 16-bit type of P and V in FP16 PV; None: `pv16_dtype(v.dtype, pv_accum_dtype)` (sm80+).
     The sm75 family passes torch.float16. When P.V runs in float16 on a bfloat16 V, V is divided by
     its per-channel power of two `fp16_v_scale` before the fp16 rounding and each output channel is
@@ -197,7 +205,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     log when return_lse.
     """
     _check_reference_args(q, k, v, tensor_layout, qk_quant_gran, pv_dtype, pv_accum_dtype,
-                          blkq, blkk, warpq)
+                          blkq, blkk, warpq, softmax_blkk)
     if tensor_layout == "NHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     b, hq, nq, d = q.shape
@@ -249,8 +257,9 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     row_sum = torch.zeros(b, hq, nq, dtype=torch.float32, device=dev)
     acc = out_hnd
     q_idx = torch.arange(nq, device=dev)[:, None]
-    for j0 in range(0, nk, blkk):
-        j1 = min(j0 + blkk, nk)
+    step = softmax_blkk or blkk
+    for j0 in range(0, nk, step):
+        j1 = min(j0 + step, nk)
         s = (q_i8 @ k_i8[:, :, j0:j1].transpose(-1, -2)) * q_scale[..., None] * k_scale[:, :, None, j0:j1]
         if is_causal:
             s = s.masked_fill(torch.arange(j0, j1, device=dev)[None, :] > q_idx, -math.inf)

@@ -46,6 +46,11 @@ namespace sage {
 #ifndef SAGE_WG_KS_PREFETCH
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
 #endif
+#ifndef SAGE_WG_MASK_BRANCH
+// WS kernel: blocks that need no mask for any of the warp's rows take a softmax without mask code.
+// Without the branch ptxas if-converts the mask into an ISETP + SEL per score on every block.
+#define SAGE_WG_MASK_BRANCH 1
+#endif
 #ifndef SAGE_WG_RESCALE_SKIP
 #define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
 #endif
@@ -287,7 +292,8 @@ struct KBlock {
 
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
-template <int BLOCK_N>
+// MASK = false: the caller knows the block needs no mask (blk.need_mask is false).
+template <int BLOCK_N, bool MASK = true>
 __device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
@@ -298,7 +304,7 @@ __device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], c
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = score_to_f32(s[4 * j + e]);
-      if (blk.need_mask && j * 8 + (e & 1) >= blk.limit[e >> 1]) v = -INFINITY;
+      if (MASK && blk.need_mask && j * 8 + (e & 1) >= blk.limit[e >> 1]) v = -INFINITY;
       sf[4 * j + e] = v;
     }
   #pragma unroll
@@ -379,12 +385,12 @@ __device__ __forceinline__ void pack_p8_frags(const float (&sf)[BLOCK_N / 2], ui
 }
 
 // The softmax and the 16-bit packing together (the 16-bit P.V paths).
-template <int BLOCK_N, PvKind PV>
+template <int BLOCK_N, PvKind PV, bool MASK = true>
 __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                                float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
   float sf[BLOCK_N / 2];
-  softmax_probs<BLOCK_N>(s, blk, m_run, l_run, alpha, sf);
+  softmax_probs<BLOCK_N, MASK>(s, blk, m_run, l_run, alpha, sf);
   pack_p16_frags<BLOCK_N, PV>(sf, pn);
 }
 
@@ -799,14 +805,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     float alpha[2];
     if constexpr (kFp8) {
       float sf[BLOCK_N / 2];
-      wg::softmax_probs<BLOCK_N>(s_i, blk, m_run, l_run, alpha, sf);
+      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
+        wg::softmax_probs<BLOCK_N, true>(s_i, blk, m_run, l_run, alpha, sf);
+      else
+        wg::softmax_probs<BLOCK_N, false>(s_i, blk, m_run, l_run, alpha, sf);
       uint32_t pa[BLOCK_N / 32][4];
       wg::pack_p8_frags<BLOCK_N>(sf, pa);
       if constexpr (!TWO_LEVEL) rescale_o(alpha);
       issue_products(kb, pa);
     } else {
       uint32_t pa[BLOCK_N / 16][4];
-      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
+      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
+        wg::online_softmax<BLOCK_N, PV, true>(s_i, blk, m_run, l_run, alpha, pa);
+      else
+        wg::online_softmax<BLOCK_N, PV, false>(s_i, blk, m_run, l_run, alpha, pa);
       rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
       issue_products(kb, pa);
     }

@@ -51,6 +51,13 @@ def test_render_needs_no_family_flag(tmp_path, capsys):
     assert out.read_text() == capsys.readouterr().out
 
 
+def test_wgmma_variants_check_against_their_softmax_step():
+    native = _load("gpu_dev_native")
+    assert native.softmax_blocks_of("-DSAGE_HD64_WARPS=8") is None  # mma.sync: the family's own
+    assert native.softmax_blocks_of("-DSAGE_WGMMA=1 -DSAGE_WG_WS=1") == {64: 128, 128: 128}
+    assert native.softmax_blocks_of("-DSAGE_WGMMA=1 -DSAGE_WG_N64=64") == {64: 64, 128: 128}
+
+
 def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
     native = _load("gpu_dev_native")
     tree = tmp_path / "csrc"

@@ -267,7 +267,7 @@ def test_quantize_int8_is_symmetric_with_a_floor():
 @pytest.mark.parametrize("kwargs,match", [
     ({"qk_quant_gran": "per_tile"}, "per_thread"), ({"pv_dtype": "fp4"}, "fp8"),
     ({"pv_accum_dtype": "fp16"}, "fp32\\+fp32"), ({"tensor_layout": "BHND"}, "NHD"),
-    ({"blkk": 20}, "multiple of 8")])
+    ({"blkk": 20}, "multiple of 8"), ({"softmax_blkk": 96}, "multiple of blkk=64")])
 def test_reference_rejects_bad_options(kwargs, match):
     q, k, v = make_qkv(nq=8, nk=8)
     kwargs.setdefault("pv_dtype", "fp8" if kwargs.get("pv_accum_dtype") == "fp16" else "fp16")
@@ -281,3 +281,19 @@ def test_reference_rejects_a_pv16_it_cannot_emulate():
         sageattn_reference(q, k, v, pv16=torch.float32)
     with pytest.raises(ValueError, match="'fp32' accumulation"):  # bf16 P.V accumulates in fp32 only
         sageattn_reference(q, k, v, pv16=torch.bfloat16, pv_accum_dtype="fp16+fp32")
+
+
+def test_softmax_step_changes_only_the_rounding_of_p():
+    # P is rounded relative to the running row maximum of each online-softmax step, so a 128-key
+    # step (the sm90 wgmma kernel) gives a slightly different e4m3 P than 64-key steps: close,
+    # not equal. Unrounded (fp32 P through an fp16 P.V of exact inputs) the step cannot matter.
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 256, 64) for _ in range(3))
+    a = sageattn_reference(q, k, v, pv_dtype="fp8", blkk=64)
+    b = sageattn_reference(q, k, v, pv_dtype="fp8", blkk=64, softmax_blkk=128)
+    assert not torch.equal(a, b)
+    cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
+    assert cos > 0.9999, cos
+    c = sageattn_reference(q, k, v, pv_dtype="fp8", blkk=64, softmax_blkk=64)
+    assert torch.equal(a, c)
+    assert FAMILY_BLOCK_SIZES["sm90"]["softmax_blkk"] == 128
