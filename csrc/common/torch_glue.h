@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "attn_params.h"
+#include "message.h"
 
 namespace sage::glue {
 
@@ -66,12 +67,12 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k and v must have one dtype");
   }
   const View Q = view_of(q, hnd), K = view_of(k, hnd), V = view_of(v, hnd);
-  TORCH_CHECK(Q.D == 64 || Q.D == 128, "head dim must be 64 or 128, got ", Q.D);
+  TORCH_CHECK(Q.D == 64 || Q.D == 128, "head dim must be 64 or 128, got ", num(Q.D));
   TORCH_CHECK(K.D == Q.D && V.D == Q.D, "q, k and v must share the head dim");
   TORCH_CHECK(K.B == Q.B && V.B == Q.B, "q, k and v must share the batch size");
   TORCH_CHECK(K.H == V.H && K.N == V.N, "k and v must have the same heads and tokens");
-  TORCH_CHECK(K.H > 0 && Q.H % K.H == 0, "q heads (", Q.H, ") must be a multiple of kv heads (",
-              K.H, ")");
+  TORCH_CHECK(K.H > 0 && Q.H % K.H == 0, "q heads (", num(Q.H), ") must be a multiple of kv heads (",
+              num(K.H), ")");
   TORCH_CHECK(Q.N > 0 && K.N > 0, "q and k need at least one token");
 }
 
@@ -90,7 +91,7 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
               "x must be float16 or bfloat16, got ", x_in.scalar_type());
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
-  TORCH_CHECK(X.D % 8 == 0 && X.D <= 256, "head dim must be a multiple of 8 up to 256, got ", X.D);
+  TORCH_CHECK(X.D % 8 == 0 && X.D <= 256, "head dim must be a multiple of 8 up to 256, got ", num(X.D));
   const int block = is_key ? 64 : (gran == QuantGran::kPerBlock ? 128 : 32);
   const int groups = gran != QuantGran::kPerThread ? 1 : (is_key ? 4 : 8);
   const int64_t pad = round_up(X.N, is_key ? 64 : 128);

@@ -13,10 +13,13 @@
 #include <string>
 #include <tuple>
 
+#include "../common/message.h"
 #include "launchers.h"
 
 namespace sageattention_sm75 {
 namespace {
+
+using sage::num;
 
 // Sizes and strides of a 4-D tensor seen in the HND order [B, H, N, D].
 struct Hnd {
@@ -38,13 +41,13 @@ void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
               t.device());
   TORCH_CHECK(t.device() == q.device(), "sageattention_sm75: q, k and v must be on one device; ",
               name, " is on ", t.device(), ", q on ", q.device());
-  TORCH_CHECK(t.dim() == 4, "sageattention_sm75: ", name, " must be 4-D, got ", t.dim(), "-D");
+  TORCH_CHECK(t.dim() == 4, "sageattention_sm75: ", name, " must be 4-D, got ", num(t.dim()), "-D");
   TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
               "sageattention_sm75: ", name, " must be float16 or bfloat16, got ", t.scalar_type());
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), "sageattention_sm75: q, k and v must share a dtype; ",
               name, " is ", t.scalar_type(), ", q is ", q.scalar_type());
   TORCH_CHECK(t.stride(3) == 1, "sageattention_sm75: the head dim of ", name,
-              " must be contiguous (stride 1), got stride ", t.stride(3));
+              " must be contiguous (stride 1), got stride ", num(t.stride(3)));
 }
 
 QuantGran parse_gran(const std::string& g) {
@@ -69,18 +72,18 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   check_input(v, "v", q);
   const bool nhd = tensor_layout == "NHD";
   const Hnd sq = as_hnd(q, nhd), sk = as_hnd(k, nhd), sv = as_hnd(v, nhd);
-  TORCH_CHECK(sq.d == 64 || sq.d == 128, "sageattention_sm75: head dim must be 64 or 128, got ", sq.d);
-  TORCH_CHECK(sk.d == sq.d && sv.d == sq.d, "sageattention_sm75: q, k, v head dims differ: ", sq.d,
-              ", ", sk.d, ", ", sv.d);
+  TORCH_CHECK(sq.d == 64 || sq.d == 128, "sageattention_sm75: head dim must be 64 or 128, got ", num(sq.d));
+  TORCH_CHECK(sk.d == sq.d && sv.d == sq.d, "sageattention_sm75: q, k, v head dims differ: ", num(sq.d),
+              ", ", num(sk.d), ", ", num(sv.d));
   TORCH_CHECK(sk.b == sq.b && sv.b == sq.b, "sageattention_sm75: q, k, v batch sizes differ: ",
-              sq.b, ", ", sk.b, ", ", sv.b);
+              num(sq.b), ", ", num(sk.b), ", ", num(sv.b));
   TORCH_CHECK(sk.h == sv.h && sk.h > 0 && sq.h % sk.h == 0,
               "sageattention_sm75: k and v need the same number of heads, dividing q's; got q ",
-              sq.h, ", k ", sk.h, ", v ", sv.h);
+              num(sq.h), ", k ", num(sk.h), ", v ", num(sv.h));
   TORCH_CHECK(sk.n == sv.n, "sageattention_sm75: k and v need the same number of tokens, got ",
-              sk.n, " and ", sv.n);
-  TORCH_CHECK(sq.n > 0 && sk.n > 0 && sq.b > 0, "sageattention_sm75: empty input (batch ", sq.b,
-              ", q tokens ", sq.n, ", kv tokens ", sk.n, ")");
+              num(sk.n), " and ", num(sv.n));
+  TORCH_CHECK(sq.n > 0 && sk.n > 0 && sq.b > 0, "sageattention_sm75: empty input (batch ", num(sq.b),
+              ", q tokens ", num(sq.n), ", kv tokens ", num(sk.n), ")");
   TORCH_CHECK(sq.n < (1LL << 30) && sk.n < (1LL << 30), "sageattention_sm75: sequence too long");
 
   const c10::cuda::CUDAGuard guard(q.device());

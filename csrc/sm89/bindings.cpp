@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor
   const c10::cuda::CUDAGuard guard(v_in.device());
   const at::Tensor v = glue::vector_friendly(v_in);
   const glue::View V = glue::view_of(v, hnd);
-  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", V.D);
+  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
   const int64_t tok_dim = hnd ? 2 : 1;
   auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
   at::Tensor mean, amax;

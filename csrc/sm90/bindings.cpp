@@ -15,7 +15,7 @@ void check_device(const at::Tensor& x) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
   TORCH_CHECK(prop->major == 9 && prop->minor == 0,
               "sageattention_sm90 kernels are built for sm_90a and run only on compute capability "
-              "9.0 GPUs (H100, H200); ", prop->name, " is ", prop->major, ".", prop->minor,
+              "9.0 GPUs (H100, H200); ", prop->name, " is ", num(prop->major), ".", num(prop->minor),
               ": use the sm80 family (torch.ops.sageattention_sm80) or sageattention.sageattn()");
 }
 
