@@ -37,9 +37,8 @@ namespace sage {
 #ifndef SAGE_WG_PV_OVERLAP
 #define SAGE_WG_PV_OVERLAP 0
 #endif
-#ifndef SAGE_WG_PRODUCER_REGS
-#define SAGE_WG_PRODUCER_REGS 56  // WS kernel, two consumer warpgroups: the producer's registers
-#endif
+// SAGE_WG_PRODUCER_REGS (WS kernel, two consumer warpgroups): the producer's registers; default
+// 56 with 16-bit V, 40 with FP8 V (its two-level d=128 consumer spilled 28 bytes with 56).
 #ifndef SAGE_WG_WS_MINB
 #define SAGE_WG_WS_MINB 0  // WS kernel: CTAs per SM to leave registers for (0: 2 with one consumer warpgroup, else 1)
 #endif
@@ -621,7 +620,11 @@ struct WgmmaWsTraits {
   // kEntryRegs (what the launch bounds leave, rounded down to 8), and NWG * consumer + producer
   // = (NWG + 1) * kEntryRegs (multiples of 8).
   static constexpr int kEntryRegs = 65536 / (kThreads * kMinBlocks) / 8 * 8;
+#ifdef SAGE_WG_PRODUCER_REGS
   static constexpr int kProducerRegs = SAGE_WG_PRODUCER_REGS;
+#else
+  static constexpr int kProducerRegs = V_BYTES == 1 ? 40 : 56;
+#endif
   static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
   static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups (the Q padding is 128 rows)");
   static_assert(STAGES >= 2, "at least double buffering");
@@ -629,8 +632,8 @@ struct WgmmaWsTraits {
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
 };
 
-// PV: fp16 / bf16 P.V on V as given ("fp32" accumulation), or FP8 (P * 448 and the sm89 family's
-// e4m3 V^T with per-channel scales; a tuning variant so far, docs/kernels.md). TWO_LEVEL (FP8):
+// PV: fp16 / bf16 P.V on V as given ("fp32" accumulation; the sm90 family), or FP8 (P * 448 and the
+// sm89 family's e4m3 V^T with per-channel scales; the sm90_fp8 family). TWO_LEVEL (FP8):
 // each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
 // O ("fp32").
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT,

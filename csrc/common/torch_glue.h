@@ -132,6 +132,64 @@ inline void add_smoothing_lse(at::Tensor& lse, const at::Tensor& q, const at::Te
   lse.add_(at::matmul(qh.to(at::kFloat), kmq.unsqueeze(-1)).squeeze(-1), sm_scale);
 }
 
+using QuantFp8Launcher = cudaError_t (*)(const QuantFp8Params&, int, DType, cudaStream_t);
+
+// FP8 P.V's static P scale and the value V's per-channel amax maps to by default (e4m3's max).
+constexpr double kFp8Max = 448.0;
+
+// V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
+// per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launcher launch,
+                                                                  const at::Tensor& v_in, bool hnd,
+                                                                  bool smooth_v, double v_max) {
+  TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
+  TORCH_CHECK(v_in.scalar_type() == at::kHalf || v_in.scalar_type() == at::kBFloat16,
+              "v must be float16 or bfloat16, got ", v_in.scalar_type());
+  const c10::cuda::CUDAGuard guard(v_in.device());
+  const at::Tensor v = vector_friendly(v_in);
+  const View V = view_of(v, hnd);
+  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
+  const int64_t tok_dim = hnd ? 2 : 1;
+  auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
+  at::Tensor mean, amax;
+  if (smooth_v) {
+    mean = token_mean(v, hnd);
+    // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
+    amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
+  } else {
+    mean = at::empty({0}, v.options().dtype(at::kFloat));
+    amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
+  }
+  // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
+  // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
+  const at::Tensor scale =
+      (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
+  const int64_t pad = round_up(V.N, 64);
+  auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
+  QuantFp8Params p{};
+  p.x = v.data_ptr();
+  p.x_sb = V.sb; p.x_sh = V.sh; p.x_sn = V.sn;
+  p.scale = scale.data_ptr<float>();
+  p.mean = smooth_v ? mean.data_ptr<float>() : nullptr;
+  p.out = reinterpret_cast<uint8_t*>(out.data_ptr());
+  p.heads = V.H; p.tokens = V.N; p.padded_tokens = pad; p.head_dim = V.D;
+  const cudaError_t err =
+      launch(p, V.B, dtype_of(v), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "quant_v_fp8 launch failed: ", cudaGetErrorString(err));
+  return {out, scale, mean};
+}
+
+// The sm_90a families' kernels exist as sm_90a SASS only (wgmma, setmaxnreg exist nowhere else):
+// say so instead of failing the launch with "no kernel image is available for execution".
+inline void check_sm90a_device(const char* op_namespace, const at::Tensor& x) {
+  TORCH_CHECK(x.is_cuda(), op_namespace, " needs CUDA tensors, got a tensor on ", x.device());
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
+  TORCH_CHECK(prop->major == 9 && prop->minor == 0, op_namespace,
+              " kernels are built for sm_90a and run only on compute capability 9.0 GPUs (H100, "
+              "H200); ", prop->name, " is ", num(prop->major), ".", num(prop->minor),
+              ": use the sm80/sm89 families or sageattention.sageattn()");
+}
+
 // The front half both attention ops share, after check_qkv and under the caller's device guard:
 // K's token mean when smoothing (kept for the LSE correction), then INT8 Q (scale carrying
 // sm_scale * log2(e)) and INT8 K (smoothed).

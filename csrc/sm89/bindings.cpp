@@ -8,7 +8,6 @@
 namespace sage::sm89 {
 namespace {
 
-constexpr double kFp8Max = 448.0;
 // With an fp16 inner accumulator ("fp32+fp16") V's amax maps to 2.25, not 448: P (up to 448) times V
 // summed over a 64-key block stays below 64 * 448 * 2.25 = 64512 < 65504 (fp16's max). Same rule as
 // sageattention.reference.fp8_v_max_for.
@@ -33,51 +32,11 @@ std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
                           glue::parse_gran(qk_quant_gran), is_key, scale_mult);
 }
 
-// V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
-// per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_impl(const at::Tensor& v_in, bool hnd,
-                                                                bool smooth_v, double v_max) {
-  TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
-  TORCH_CHECK(v_in.scalar_type() == at::kHalf || v_in.scalar_type() == at::kBFloat16,
-              "v must be float16 or bfloat16, got ", v_in.scalar_type());
-  const c10::cuda::CUDAGuard guard(v_in.device());
-  const at::Tensor v = glue::vector_friendly(v_in);
-  const glue::View V = glue::view_of(v, hnd);
-  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
-  const int64_t tok_dim = hnd ? 2 : 1;
-  auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
-  at::Tensor mean, amax;
-  if (smooth_v) {
-    mean = glue::token_mean(v, hnd);
-    // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
-    amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
-  } else {
-    mean = at::empty({0}, v.options().dtype(at::kFloat));
-    amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
-  }
-  // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
-  // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
-  const at::Tensor scale =
-      (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
-  const int64_t pad = glue::round_up(V.N, 64);
-  auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
-  QuantFp8Params p{};
-  p.x = v.data_ptr();
-  p.x_sb = V.sb; p.x_sh = V.sh; p.x_sn = V.sn;
-  p.scale = scale.data_ptr<float>();
-  p.mean = smooth_v ? mean.data_ptr<float>() : nullptr;
-  p.out = reinterpret_cast<uint8_t*>(out.data_ptr());
-  p.heads = V.H; p.tokens = V.N; p.padded_tokens = pad; p.head_dim = V.D;
-  const cudaError_t err =
-      sm89::quant_v_fp8(p, V.B, glue::dtype_of(v), at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "quant_v_fp8 launch failed: ", cudaGetErrorString(err));
-  return {out, scale, mean};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_op(const at::Tensor& v,
                                                               const std::string& tensor_layout,
                                                               bool smooth_v) {
-  return quant_v_fp8_impl(v, glue::parse_layout(tensor_layout), smooth_v, kFp8Max);
+  return glue::quant_v_fp8(&sm89::quant_v_fp8, v, glue::parse_layout(tensor_layout), smooth_v,
+                           glue::kFp8Max);
 }
 
 std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
@@ -94,7 +53,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   const glue::QuantizedQK qk = glue::quantize_qk(&sm89::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
   at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
   std::tie(v8, v_scale, v_mean) =
-      quant_v_fp8_impl(v, hnd, smooth_v, accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : kFp8Max);
+      glue::quant_v_fp8(&sm89::quant_v_fp8, v, hnd, smooth_v,
+                        accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : glue::kFp8Max);
 
   const DType od = glue::dtype_of(q);
   return glue::run_attention(

@@ -8,16 +8,7 @@
 namespace sage::sm90 {
 namespace {
 
-// The kernels are sm_90a SASS only (wgmma, setmaxnreg exist nowhere else): say so instead of
-// failing the launch with "no kernel image is available for execution on the device".
-void check_device(const at::Tensor& x) {
-  TORCH_CHECK(x.is_cuda(), "sageattention_sm90 needs CUDA tensors, got a tensor on ", x.device());
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(x.device().index());
-  TORCH_CHECK(prop->major == 9 && prop->minor == 0,
-              "sageattention_sm90 kernels are built for sm_90a and run only on compute capability "
-              "9.0 GPUs (H100, H200); ", prop->name, " is ", num(prop->major), ".", num(prop->minor),
-              ": use the sm80 family (torch.ops.sageattention_sm80) or sageattention.sageattn()");
-}
+void check_device(const at::Tensor& x) { glue::check_sm90a_device("sageattention_sm90", x); }
 
 void check_accum(const std::string& a) {
   TORCH_CHECK(a == "fp32",

@@ -1,0 +1,97 @@
+// Torch bindings of the sm90_fp8 family (INT8 QK^T, FP8 e4m3 PV on Hopper's wgmma). Same op
+// schemas and V layout as the sm89 family; "fp32+fp32" and "fp32" accumulation. Fake
+// implementations live in sageattention/native/sm90_fp8.py.
+#include <Python.h>
+
+#include "../common/torch_glue.h"
+#include "launchers.h"
+
+namespace sage::sm90_fp8 {
+namespace {
+
+constexpr const char* kNamespace = "sageattention_sm90_fp8";
+
+PvAccum parse_accum(const std::string& a) {
+  if (a == "fp32+fp32") return PvAccum::kF32F32;
+  if (a == "fp32") return PvAccum::kF32;
+  TORCH_CHECK(false, "pv_accum_dtype for the sm90_fp8 family must be 'fp32+fp32' or 'fp32', got '", a,
+              "'; 'fp32+fp16' is the sm89 family's");
+  return PvAccum::kF32F32;
+}
+
+std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
+                                                 const c10::optional<at::Tensor>& mean,
+                                                 const std::string& tensor_layout,
+                                                 const std::string& qk_quant_gran, bool is_key,
+                                                 double scale_mult) {
+  glue::check_sm90a_device(kNamespace, x);
+  return glue::quant_int8(&sm90_fp8::quant_int8, x, mean, glue::parse_layout(tensor_layout),
+                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_op(const at::Tensor& v,
+                                                              const std::string& tensor_layout,
+                                                              bool smooth_v) {
+  glue::check_sm90a_device(kNamespace, v);
+  return glue::quant_v_fp8(&sm90_fp8::quant_v_fp8, v, glue::parse_layout(tensor_layout), smooth_v,
+                           glue::kFp8Max);
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& tensor_layout,
+    bool is_causal, double sm_scale, const std::string& qk_quant_gran,
+    const std::string& pv_accum_dtype, bool smooth_k, bool smooth_v, bool return_lse) {
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  const PvAccum accum = parse_accum(pv_accum_dtype);
+  glue::check_qkv(q, k, v, hnd);
+  glue::check_sm90a_device(kNamespace, q);
+  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  const glue::QuantizedQK qk =
+      glue::quantize_qk(&sm90_fp8::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
+  std::tie(v8, v_scale, v_mean) = glue::quant_v_fp8(&sm90_fp8::quant_v_fp8, v, hnd, smooth_v, glue::kFp8Max);
+
+  const DType od = glue::dtype_of(q);
+  return glue::run_attention(
+      kNamespace, q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,
+      [&](AttnParams& p) {
+        TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
+        p.v = v8.data_ptr();
+        p.v_scale = v_scale.data_ptr<float>();
+        p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
+      },
+      [&](const AttnParams& p, cudaStream_t stream) {
+        return qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
+      });
+}
+
+}  // namespace
+}  // namespace sage::sm90_fp8
+
+TORCH_LIBRARY(sageattention_sm90_fp8, m) {
+  m.def(
+      "quant_int8(Tensor x, Tensor? mean, str tensor_layout, str qk_quant_gran, bool is_key, "
+      "float scale_mult) -> (Tensor, Tensor)");
+  m.def("quant_v_fp8(Tensor v, str tensor_layout, bool smooth_v) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "qk_int8_pv_fp8(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
+      "float sm_scale, str qk_quant_gran, str pv_accum_dtype, bool smooth_k, bool smooth_v, "
+      "bool return_lse) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention_sm90_fp8, CUDA, m) {
+  m.impl("quant_int8", &sage::sm90_fp8::quant_int8_op);
+  m.impl("quant_v_fp8", &sage::sm90_fp8::quant_v_fp8_op);
+  m.impl("qk_int8_pv_fp8", &sage::sm90_fp8::qk_int8_pv_fp8_op);
+}
+
+// `import sageattention._kernels_sm90_fp8` runs the registrations above; the module itself is empty.
+extern "C" PyObject* PyInit__kernels_sm90_fp8(void) {
+  static PyModuleDef def = {PyModuleDef_HEAD_INIT, "_kernels_sm90_fp8",
+                            "INT8 QK, FP8 PV wgmma kernels for sm_90a (ops in torch.ops.sageattention_sm90_fp8)",
+                            -1, nullptr};
+  return PyModule_Create(&def);
+}

@@ -1,0 +1,17 @@
+// Plain C++ entry points of the sm90_fp8 family's CUDA code (no torch types), called by bindings.cpp.
+// Built for sm_90a only (wgmma, setmaxnreg): the kernels run on compute capability 9.0 alone.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "../common/attn_params.h"
+
+namespace sage::sm90_fp8 {
+
+cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
+// V -> e4m3 V^T in the sm89 family's layout (tokens permuted in 16-token groups).
+cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStream_t stream);
+// INT8 QK^T, FP8 e4m3 PV on wgmma. accum: kF32 (straight into O) or kF32F32 (two-level).
+cudaError_t attn_hd64(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream);
+cudaError_t attn_hd128(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream);
+
+}  // namespace sage::sm90_fp8
