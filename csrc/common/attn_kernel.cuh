@@ -47,6 +47,7 @@ __host__ __device__ constexpr bool pv_is_16bit(PvKind k) { return k != PvKind::k
 constexpr int kBlkK = 64;
 constexpr float kLn2 = 0.69314718055994530942f;
 constexpr float kFp8PScale = 448.f;
+constexpr float kLog2Fp8PScale = 8.807354922057604f;  // log2(448)
 
 // KSUB: 64-token K blocks (one K scale block each) handled per loop iteration / barrier.
 template <int HEAD_DIM, int MT, int NWARPS, PvKind PV, int KSUB = 1>

@@ -50,6 +50,11 @@ namespace sage {
 // Without the branch ptxas if-converts the mask into an ISETP + SEL per score on every block.
 #define SAGE_WG_MASK_BRANCH 1
 #endif
+#ifndef SAGE_WG_FP8_P_FOLD
+// FP8 P.V: P * 448 as exp2(x + log2 448) (the scale folded into the exponent's constant) instead
+// of a multiply per score; the row sum then carries the 448, which the epilogue divides out.
+#define SAGE_WG_FP8_P_FOLD 1
+#endif
 #ifndef SAGE_WG_RESCALE_SKIP
 #define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
 #endif
@@ -292,7 +297,8 @@ struct KBlock {
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
 // MASK = false: the caller knows the block needs no mask (blk.need_mask is false).
-template <int BLOCK_N, bool MASK = true>
+// P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
+template <int BLOCK_N, bool MASK = true, bool P_X448 = false>
 __device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
@@ -337,7 +343,9 @@ __device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], c
     m_run[r] = m_new;
     float neg_c[kSub];  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
     #pragma unroll
-    for (int sub = 0; sub < kSub; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+    for (int sub = 0; sub < kSub; ++sub)
+      neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
+                          : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
     float rowsum = 0.f;
     #pragma unroll
     for (int j = 0; j < kNT; ++j)
@@ -376,9 +384,9 @@ __device__ __forceinline__ void pack_p8_frags(const float (&sf)[BLOCK_N / 2], ui
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = 4 * kc + 2 * half;
-        const uint32_t lo = f32x2_to_e4m3x2(sf[4 * j + 2 * r] * kFp8PScale, sf[4 * j + 2 * r + 1] * kFp8PScale);
-        const uint32_t hi =
-            f32x2_to_e4m3x2(sf[4 * j + 4 + 2 * r] * kFp8PScale, sf[4 * j + 4 + 2 * r + 1] * kFp8PScale);
+        constexpr float kMul = SAGE_WG_FP8_P_FOLD ? 1.f : kFp8PScale;  // folded: sf is P * 448 already
+        const uint32_t lo = f32x2_to_e4m3x2(sf[4 * j + 2 * r] * kMul, sf[4 * j + 2 * r + 1] * kMul);
+        const uint32_t hi = f32x2_to_e4m3x2(sf[4 * j + 4 + 2 * r] * kMul, sf[4 * j + 4 + 2 * r + 1] * kMul);
         pn[kc][r + 2 * half] = lo | (hi << 16);
       }
 }
@@ -417,7 +425,10 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)
     const float l = quad_sum(l_run[r]);
     const int row = row0 + g + 8 * r;
     if (row >= p.q_len) continue;
-    const float inv = FP8 ? 1.f / (l * kFp8PScale) : 1.f / l;
+    // FP8: O carries P's 448; with SAGE_WG_FP8_P_FOLD so does l (then O / l is already right).
+    constexpr bool kLx448 = FP8 && SAGE_WG_FP8_P_FOLD;
+    const float inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : 1.f / l;
+    const float l_true = kLx448 ? l * (1.f / kFp8PScale) : l;  // for the LSE
     OutT* orow = out + row * p.o_sn;
     #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
@@ -433,7 +444,7 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)
       }
       *reinterpret_cast<uint32_t*>(orow + d) = pack_out2<OutT>(a, c);
     }
-    if (p.lse && t == 0) store_lse(p, bh, row, l, m_run[r]);
+    if (p.lse && t == 0) store_lse(p, bh, row, l_true, m_run[r]);
   }
 }
 
@@ -809,9 +820,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if constexpr (kFp8) {
       float sf[BLOCK_N / 2];
       if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
-        wg::softmax_probs<BLOCK_N, true>(s_i, blk, m_run, l_run, alpha, sf);
+        wg::softmax_probs<BLOCK_N, true, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
       else
-        wg::softmax_probs<BLOCK_N, false>(s_i, blk, m_run, l_run, alpha, sf);
+        wg::softmax_probs<BLOCK_N, false, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
       uint32_t pa[BLOCK_N / 32][4];
       wg::pack_p8_frags<BLOCK_N>(sf, pa);
       if constexpr (!TWO_LEVEL) rescale_o(alpha);
