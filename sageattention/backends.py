@@ -16,8 +16,8 @@ from importlib import resources
 import torch
 
 SDPA = "sdpa"
-BACKEND_NAMES = ("cuda-sm90-fp16", "cuda-sm89-fp8", "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16",
-                 "triton-fp8", SDPA)
+BACKEND_NAMES = ("cuda-sm90-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "cuda-sm80-fp16",
+                 "cuda-sm75-fp16", "triton-fp16", "triton-fp8", SDPA)
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ def load_families() -> dict:
 _DEFAULT_PV_ACCUM = {"qk_int8_pv_fp16": "fp32", "qk_int8_pv_fp8": "fp32+fp32"}
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _NATIVE = (("cuda-sm90-fp16", "sm90", "qk_int8_pv_fp16"),
+           ("cuda-sm90-fp8", "sm90_fp8", "qk_int8_pv_fp8"),
            ("cuda-sm89-fp8", "sm89", "qk_int8_pv_fp8"),
            ("cuda-sm80-fp16", "sm80", "qk_int8_pv_fp16"),
            ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
@@ -91,7 +92,8 @@ def capability_table() -> tuple[Backend, ...]:
     rows = []
     for name, family, op in _NATIVE:
         spec = families[family]
-        # Exactly these capabilities; an arch_specific family (sm90: sm_90a SASS) runs nowhere else.
+        # Exactly these capabilities; an arch_specific family (sm90, sm90_fp8: sm_90a SASS) runs
+        # nowhere else.
         served = frozenset(_sm(s) for s in spec["serves"])
         # A family that embeds PTX (sm75: compute_75) also runs, JIT-compiled, on every newer GPU.
         ptx_floor = _sm("sm" + spec["embed_ptx"].split("_")[1]) if spec.get("embed_ptx") else None
@@ -141,16 +143,24 @@ def backend(name: str) -> Backend:
 # sm90: cuda-sm90-fp16 (the sm_90a wgmma kernel, same contract as cuda-sm80-fp16's "fp32" mode) first:
 # on the H200 it measured 522/429/605/566 TOPS at d=128 against mma.sync's 392/334/439/414, and
 # 351/294/408/375 against 335/286/372/344 at d=64 (benchmarks/results/h200-2026-12-03-wgmma-ws2.log).
-# It serves only (9, 0), so on newer GPUs that take this rule `Backend.serves` drops it. Then
-# cuda-sm80-fp16 before cuda-sm89-fp8 because on the H200 it measured faster in all 10 cases and more
-# accurate (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA; cosine >= 0.9998 vs 0.9992);
-# it also takes the accumulation modes cuda-sm90-fp16 lacks. This order applies where the
-# calibration table does not (return_lse, masks off-table); where it does, the table measured
-# with the sm90 family (benchmarks/results/h200-2026-12-03-calibration-sm90family.json) picks
-# cuda-sm90-fp16 at 1x32x16384x128 and SDPA or triton-fp16 elsewhere.
+# It serves only (9, 0), so on newer GPUs that take this rule `Backend.serves` drops it (so does
+# cuda-sm90-fp8). Then cuda-sm80-fp16 before the FP8 backends: FP16 PV is the more accurate path
+# (cosine >= 0.9998 against FP8's 0.9992), on the H200 it measured faster than cuda-sm89-fp8 in all
+# 10 cases (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA), and it takes the
+# accumulation modes cuda-sm90-fp16 lacks. cuda-sm90-fp8 (the wgmma kernel with FP8 PV) before
+# cuda-sm89-fp8: on the H200, fp16, non-causal/causal TOPS with "fp32+fp32", it measured 514/379 at
+# 4x32x4096x128, 691/620 at 1x32x16384x128, 339/262 and 429/385 at d=64 (n=4096, 16384) and 234/139
+# at 8x32x1024x128 (benchmarks/results/h200-2026-12-03-wgmma-fp8-maskbranch.log), where the
+# mma.sync cuda-sm89-fp8 measured ~246-293 at d=128. It clearly beats cuda-sm90-fp16 only at
+# 1x32x16384x128 (691/620 against 670/597): a per-shape speed choice, the calibration table's job.
+# This order applies where the calibration table does not (return_lse, masks off-table); where it
+# does, the table measured with the sm90 family
+# (benchmarks/results/h200-2026-12-03-calibration-sm90family.json, which predates cuda-sm90-fp8, so
+# the table ranks it after every backend it measured) picks cuda-sm90-fp16 at 1x32x16384x128 and
+# SDPA or triton-fp16 elsewhere.
 PREFERENCE = (
-    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16",
-              "triton-fp8", SDPA)),
+    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "triton-fp16",
+              "cuda-sm75-fp16", "triton-fp8", SDPA)),
     ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", SDPA)),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", SDPA)),
     ((7, 5), ("cuda-sm75-fp16", SDPA)),

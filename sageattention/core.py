@@ -26,10 +26,11 @@ __all__ = ["sageattn", "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp1
 # Upstream's CUDA functions accept these two granularities; per_block is the Triton path's.
 CUDA_QK_QUANT_GRANS = ("per_warp", "per_thread")
 _SDPA_KEYWORDS = {name: SAGEATTN_KEYWORDS[name] for name in ("attn_mask", "dropout_p", "scale", "enable_gqa")}
-# Tried in backends.preference_order(); on a 9.0 GPU cuda-sm90-fp16 runs when its family is installed
-# and provides the options asked for ("fp32" accumulation), else cuda-sm80-fp16.
+# Tried in backends.preference_order(); on a 9.0 GPU the wgmma backend runs when its family is
+# installed and provides the options asked for, else the mma.sync one: cuda-sm90-fp16 ("fp32"
+# accumulation) else cuda-sm80-fp16; cuda-sm90-fp8 ("fp32+fp32", "fp32") else cuda-sm89-fp8.
 _FP16_NATIVE = ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm75-fp16")
-_FP8_NATIVE = ("cuda-sm89-fp8",)
+_FP8_NATIVE = ("cuda-sm90-fp8", "cuda-sm89-fp8")
 
 # Saved at import so the SDPA fallback still reaches torch while sdpa_compat patches it.
 _torch_sdpa = F.scaled_dot_product_attention
@@ -233,10 +234,12 @@ def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False,
 def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",
                                  sm_scale=None, pv_accum_dtype="fp32+fp16", smooth_k=True, smooth_v=False,
                                  return_lse=False, **kwargs):
-    """INT8 QK / FP8 (e4m3) PV attention on the native sm89 family (sm89 and sm90 GPUs).
+    """INT8 QK / FP8 (e4m3) PV attention on the native CUDA kernels: the sm90_fp8 family (wgmma,
+    compute capability 9.0 only) for "fp32+fp32" and "fp32" accumulation, else the sm89 family
+    (sm89 and sm90 GPUs).
 
-    pv_accum_dtype: "fp32+fp16", "fp32+fp32" (two-level) or "fp32". Errors and fallbacks as
-    sageattn_qk_int8_pv_fp16_cuda.
+    pv_accum_dtype: "fp32+fp16" (sm89 family only), "fp32+fp32" (two-level) or "fp32". Errors and
+    fallbacks as sageattn_qk_int8_pv_fp16_cuda.
     """
     return _cuda_function("sageattn_qk_int8_pv_fp8_cuda", _FP8_NATIVE, PV_ACCUM_DTYPES_FP8, q, k, v,
                           tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
@@ -246,7 +249,10 @@ def sageattn_qk_int8_pv_fp8_cuda(q, k, v, tensor_layout="HND", is_causal=False, 
 def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False,
                                       qk_quant_gran="per_thread", sm_scale=None, pv_accum_dtype="fp32+fp32",
                                       smooth_k=True, return_lse=False, **kwargs):
-    """Upstream's sm90 entry point. This build runs it on the sm89 FP8 family, which serves sm90."""
+    """Upstream's sm90 entry point: INT8 QK / FP8 PV on the sm90_fp8 family (wgmma, compute
+    capability 9.0 only) for "fp32+fp32" and "fp32" accumulation, else on the sm89 family, which
+    serves sm90 too and also takes "fp32+fp16". Errors and fallbacks as
+    sageattn_qk_int8_pv_fp8_cuda."""
     return _cuda_function("sageattn_qk_int8_pv_fp8_cuda_sm90", _FP8_NATIVE, PV_ACCUM_DTYPES_FP8, q, k, v,
                           tensor_layout, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
                           False, return_lse, kwargs, takes_smooth_v=False)

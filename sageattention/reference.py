@@ -44,6 +44,8 @@ FAMILY_BLOCK_SIZES = {
     "sm89": {"blkq": 128, "blkk": 64, "warpq": 32},
     # the sm80 family's quantization kernels; the wgmma kernel's online softmax steps 128 keys
     "sm90": {"blkq": 128, "blkk": 64, "warpq": 32, "softmax_blkk": 128},
+    # the sm89 family's quantization (FP8 V included), the same 128-key wgmma softmax step as sm90
+    "sm90_fp8": {"blkq": 128, "blkk": 64, "warpq": 32, "softmax_blkk": 128},
     "triton": {"blkq": 128, "blkk": 64, "warpq": 32},
 }
 
@@ -189,7 +191,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     inner accumulator of "fp32+fp16", which 448 * 448 > 65504 would overflow (pass 448 to see it).
     softmax_blkk: keys per online-softmax step (the kernel's K tile), a multiple of blkk; None: blkk.
     It matters because P is rounded (fp16, e4m3) relative to the running row maximum at each step:
-    the sm90 wgmma kernel steps 128 keys while its K scales stay per 64-key block.
+    the sm90 and sm90_fp8 wgmma kernels step 128 keys while their K scales stay per 64-key block.
     pv16: the 16-bit type of P and V in FP16 PV; None: `pv16_dtype(v.dtype, pv_accum_dtype)` (sm80+).
     The sm75 family passes torch.float16. When P.V runs in float16 on a bfloat16 V, V is divided by
     its per-channel power of two `fp16_v_scale` before the fp16 rounding and each output channel is

@@ -200,3 +200,59 @@ def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, return_lse):
         return attention_fake_outputs(q, tensor_layout, return_lse)
+
+
+# --- the FP8 families (sm89, sm90_fp8) -------------------------------------------------------
+# Both define the same three ops with the same schemas (csrc/sm89/bindings.cpp,
+# csrc/sm90_fp8/bindings.cpp), so their fakes and the argument order of their calls live here
+# once; each family module passes its op namespace.
+
+def register_fp8_family_fakes(namespace: str) -> None:
+    """The fakes of ``<namespace>::quant_int8``, ``quant_v_fp8`` and ``qk_int8_pv_fp8``."""
+    import torch
+
+    register_quant_int8_fake(namespace)
+
+    @torch.library.register_fake(f"{namespace}::quant_v_fp8")
+    def _quant_v_fake(v, tensor_layout, smooth_v):
+        b, h, n, d = bhnd(v, tensor_layout)
+        padded = (n + 63) // 64 * 64
+        return (v.new_empty((b, h, d, padded), dtype=torch.float8_e4m3fn),
+                v.new_empty((b, h, d), dtype=torch.float32),
+                v.new_empty((b, h, d) if smooth_v else (0,), dtype=torch.float32))
+
+    @torch.library.register_fake(f"{namespace}::qk_int8_pv_fp8")
+    def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
+                   smooth_k, smooth_v, return_lse):
+        return attention_fake_outputs(q, tensor_layout, return_lse)
+
+
+def _namespace_ops(namespace: str):
+    """``torch.ops.<namespace>``, looked up per call (so a test can define the schemas under
+    another namespace)."""
+    import torch
+
+    return getattr(torch.ops, namespace)
+
+
+def fp8_family_quant_int8(namespace: str, x, *, tensor_layout, qk_quant_gran, is_key,
+                          scale_mult=1.0, mean=None):
+    """``<namespace>::quant_int8``: (int8 [B, H, Npad, D] in HND order, fp32 scales
+    [B, H, groups])."""
+    return _namespace_ops(namespace).quant_int8(x, mean, tensor_layout, qk_quant_gran, bool(is_key),
+                                                float(scale_mult))
+
+
+def fp8_family_quant_v_fp8(namespace: str, v, *, tensor_layout, smooth_v):
+    """``<namespace>::quant_v_fp8``: (e4m3 [B, H, D, Npad] with tokens permuted in 16-groups,
+    scale [B, H, D], mean [B, H, D] or empty)."""
+    return _namespace_ops(namespace).quant_v_fp8(v, tensor_layout, bool(smooth_v))
+
+
+def fp8_family_attention(namespace: str, q, k, v, *, tensor_layout, is_causal, sm_scale,
+                         qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v, return_lse):
+    """``<namespace>::qk_int8_pv_fp8``: ``(out, lse or None)``."""
+    out, lse = _namespace_ops(namespace).qk_int8_pv_fp8(
+        q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,
+        bool(smooth_k), bool(smooth_v), bool(return_lse))
+    return out, (lse if return_lse else None)

@@ -2,9 +2,9 @@
 
 Derived from the wheel's build info (its SM targets and families) and the kernel family table
 (sageattention/native/families.json), never from a hand-kept list: an sm90 wheel on an H200 runs
-its sm80, sm89 and sm90 families natively (sm_90 SASS, and sm_90a for the arch-specific sm90
-family, which serves only that SM); an sm75 wheel (``sm75+PTX``) runs the sm75 family there only
-as compute_75 PTX compiled by the driver.
+its sm80, sm89, sm90 and sm90_fp8 families natively (sm_90 SASS, and sm_90a for the arch-specific
+sm90 and sm90_fp8 families, which serve only that SM); an sm75 wheel (``sm75+PTX``) runs the
+sm75 family there only as compute_75 PTX compiled by the driver.
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ def parse_target(text: str) -> Target:
 
 
 def backend_name(family: str, op: str) -> str:
-    """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ..."""
+    """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ...
+
+    The name carries the family's SM and the op's PV precision, so a family named for both
+    (sm90_fp8) is not named twice: ``backend_name("sm90_fp8", "qk_int8_pv_fp8")`` is cuda-sm90-fp8.
+    """
     precision = op.rsplit("_", 1)[-1]  # qk_int8_pv_fp16 -> fp16, qk_int8_pv_fp8 -> fp8
-    return f"cuda-{family}-{precision}"
+    sm = family.split("_", 1)[0]  # sm90_fp8 -> sm90
+    return f"cuda-{sm}-{precision}"
 
 
 @dataclass(frozen=True)

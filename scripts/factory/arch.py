@@ -167,8 +167,8 @@ def family_builds(targets: Iterable[tuple[int, bool]],
 
     ``targets`` are (sm, ptx) pairs. A target compiles to plain SASS (sm90 -> sm_90) for the
     families that are not arch-specific (sm80, sm89), and to the arch-specific SASS of the
-    families that are (the sm90 family: sm_90a, with its wgmma kernels), which get no PTX even
-    for a '+PTX' target: their code runs only on exactly the SM it was built for.
+    families that are (the sm90 and sm90_fp8 families: sm_90a, with their wgmma kernels), which get
+    no PTX even for a '+PTX' target: their code runs only on exactly the SM it was built for.
     """
     targets = list(targets)
     builds = []

@@ -82,7 +82,7 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
             if match is None:
                 raise ToolchainError(f"TORCH_CUDA_ARCH_LIST item {item!r} is not like '8.0' or "
                                      f"'9.0+PTX'; or set {TARGETS_ENV}='sm80;sm90+PTX' instead")
-            # 9.0a: the sm90 target already builds the arch-specific family as sm_90a (and the
+            # 9.0a: the sm90 target already builds the arch-specific families as sm_90a (and the
             # others as sm_90), so the suffix selects nothing more
             if match[3]:
                 notes.append(f"{item} built as sm{match[1]}{match[2]}")

@@ -40,7 +40,7 @@ def test_fullgraph_compiled_sageattn_runs_the_forced_backend(name, compile_backe
 
 
 @pytest.mark.parametrize("name", ["sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp8_cuda",
-                                  "sageattn_qk_int8_pv_fp16_triton"])
+                                  "sageattn_qk_int8_pv_fp8_cuda_sm90", "sageattn_qk_int8_pv_fp16_triton"])
 def test_fullgraph_kernel_specific_functions(name):
     import sageattention as sa
 

@@ -1,5 +1,6 @@
-"""GPU tests of the sm80 family (INT8 QK, FP16 PV), the sm89 family (INT8 QK, FP8 PV) and the
-sm90 family (the sm80 family's "fp32" mode on Hopper's wgmma, sm_90a only).
+"""GPU tests of the sm80 family (INT8 QK, FP16 PV), the sm89 family (INT8 QK, FP8 PV), the
+sm90 family (the sm80 family's "fp32" mode on Hopper's wgmma, sm_90a only) and the sm90_fp8 family
+(the sm89 family's "fp32+fp32" and "fp32" modes on Hopper's wgmma, sm_90a only).
 
 Checked against sageattention.reference (same quantization: cosine >= 0.99999) and fp32 SDPA
 (docs: design.md accuracy bars), on poisoned memory, odd lengths, GQA/MQA, cross-attention, both
@@ -22,12 +23,15 @@ SPEC = {
     "sm80": ("qk_int8_pv_fp16", (8, 0), ("fp32", "fp16+fp32", "fp16"), "fp16"),
     "sm89": ("qk_int8_pv_fp8", (8, 9), ("fp32+fp32", "fp32", "fp32+fp16"), "fp8"),
     "sm90": ("qk_int8_pv_fp16", (9, 0), ("fp32",), "fp16"),
+    "sm90_fp8": ("qk_int8_pv_fp8", (9, 0), ("fp32+fp32", "fp32"), "fp8"),
 }
 # Families of arch-specific SASS (families.json "arch_specific"): only on exactly this capability.
-ONLY_ON = {"sm90": (9, 0)}
+ONLY_ON = {"sm90": (9, 0), "sm90_fp8": (9, 0)}
 # Accuracy bars against fp32 SDPA on normal inputs (shared/design.md): (cosine min, rel L1 max).
-BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04), "sm90": (0.9998, 0.02)}
+BARS = {"sm80": (0.9998, 0.02), "sm89": (0.9993, 0.04), "sm90": (0.9998, 0.02),
+        "sm90_fp8": (0.9993, 0.04)}
 FP16_FAMILIES = [f for f, spec in SPEC.items() if spec[0] == "qk_int8_pv_fp16"]
+FP8_FAMILIES = [f for f, spec in SPEC.items() if spec[0] == "qk_int8_pv_fp8"]
 LENGTHS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
 # LSE vs the reference: a one-step INT8 rounding difference (see test_quant_int8_matches_reference)
 # of one Q element moves a row's LSE by ~5e-3 when K is not smoothed; real errors are O(1).
@@ -167,7 +171,7 @@ def test_cross_attention_gqa_mqa(fam, nq, nk, hq, hkv, causal):
 # the reference does the same (sageattention.reference.fp8_v_max_for).
 @pytest.mark.parametrize("fam, accum_index",
                          [("sm80", 0), ("sm80", 1), ("sm80", 2), ("sm89", 0), ("sm89", 1), ("sm89", 2),
-                          ("sm90", 0)])
+                          ("sm90", 0), ("sm90_fp8", 0), ("sm90_fp8", 1)])
 @pytest.mark.parametrize("gran", ("per_warp", "per_thread"))
 @pytest.mark.parametrize("smooth", (False, True))
 def test_granularity_accumulation_smoothing(fam, accum_index, gran, smooth):
@@ -203,8 +207,8 @@ def test_no_nan_on_zero_constant_and_large_inputs(fam):
 @pytest.mark.parametrize("fam", SPEC)
 @pytest.mark.parametrize("d", (64, 128))
 def test_bfloat16_v_beyond_fp16_range(fam, d):
-    # |V| ~ 1e5 > 65504: sm80's default ("fp32") and sm90 run P.V in bf16 and sm89 scales V per
-    # channel, so the output stays finite and within the bars (an fp16 V would be inf).
+    # |V| ~ 1e5 > 65504: sm80's default ("fp32") and sm90 run P.V in bf16 and the FP8 families
+    # scale V per channel, so the output stays finite and within the bars (an fp16 V would be inf).
     family(fam)
     q, k, v = make_qkv(1, 4, 2, 300, 300, d, torch.bfloat16, seed=d)
     v = (v.float() * 1e5).to(torch.bfloat16)
@@ -238,8 +242,9 @@ def test_quant_int8_matches_reference(fam):
                 gran, is_key, int((diff > 0).sum()))
 
 
-def test_quant_v_fp8_layout():
-    mod = family("sm89")
+@pytest.mark.parametrize("fam", FP8_FAMILIES)
+def test_quant_v_fp8_layout(fam):
+    mod = family(fam)
     v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
     v8, scale, mean = mod.quant_v_fp8(v, tensor_layout="HND", smooth_v=True)
     assert v8.shape == (1, 2, 64, 128) and v8.dtype == torch.float8_e4m3fn
@@ -431,3 +436,52 @@ def test_sm90_ops_refuse_other_gpus_in_words():
                                                      True, False)
     with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
         torch.ops.sageattention_sm90.quant_int8(q, None, "HND", "per_warp", False, 1.0)
+
+
+# --- the sm90_fp8 family: what only it needs ------------------------------------------------
+
+def test_sm90_fp8_op_names_the_accepted_accumulation():
+    family("sm90_fp8")
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
+    for accum in ("fp32+fp16", "fp16", "fp16+fp32"):
+        with pytest.raises(RuntimeError, match=r"pv_accum_dtype for the sm90_fp8 family must be "
+                                               r"'fp32\+fp32' or 'fp32'"):
+            torch.ops.sageattention_sm90_fp8.qk_int8_pv_fp8(q, k, v, "HND", False, 0.1, "per_warp", accum,
+                                                            True, False, False)
+    with pytest.raises(ValueError, match=r"pv_accum_dtype='fp32\+fp16'.*accepted: \['fp32\+fp32', 'fp32'\]"):
+        run("sm90_fp8", q, k, v, accum="fp32+fp16")
+
+
+def test_fp8_cuda_functions_run_the_sm90_fp8_family_for_its_accumulations():
+    family("sm90_fp8")
+    import sageattention as sa
+
+    q, k, v = make_qkv(1, 4, 4, 300, 300, 128)
+    for accum in ("fp32+fp32", "fp32"):
+        out = sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, is_causal=True, pv_accum_dtype=accum)
+        assert sa.last_backend() == "cuda-sm90-fp8"
+        r_out, _ = ref("sm90_fp8", q, k, v, causal=True, accum=accum)
+        cos, rel, mx = metrics(out, r_out)
+        assert cos >= 0.99999 and mx < 0.05, (accum, cos, rel, mx)
+    sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v)  # upstream's sm90 entry point ("fp32+fp32")
+    assert sa.last_backend() == "cuda-sm90-fp8"
+    if native.available_families()["sm89"] is None:  # the mode only the sm89 family has
+        sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v, pv_accum_dtype="fp32+fp16")
+        assert sa.last_backend() == "cuda-sm89-fp8"
+
+
+def test_sm90_fp8_ops_refuse_other_gpus_in_words():
+    cap = torch.cuda.get_device_capability()
+    if cap == ONLY_ON["sm90_fp8"]:
+        pytest.skip("needs a GPU other than compute capability 9.0 (this one runs the family)")
+    reason = native.available_families()["sm90_fp8"]
+    if reason is not None:
+        pytest.skip(reason)
+    ops = torch.ops.sageattention_sm90_fp8
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
+    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+        ops.qk_int8_pv_fp8(q, k, v, "HND", False, 0.1, "per_warp", "fp32+fp32", True, False, False)
+    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+        ops.quant_int8(q, None, "HND", "per_warp", False, 1.0)
+    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+        ops.quant_v_fp8(v, "HND", False)

@@ -300,6 +300,16 @@ def test_fp8_function_passes_its_accumulator(fake_kernels):
     assert sa.last_backend() == "cuda-sm89-fp8"
 
 
+def test_sm90_entry_point_runs_the_sm90_fp8_family_it_was_given(fake_kernels):
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice("cuda-sm90-fp8", "test", False, "per_warp", "fp32")
+    q, k, v = qkv()
+    sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, qk_quant_gran="per_warp", pv_accum_dtype="fp32")
+    assert calls[-1]["op"] == "fp8" and calls[-1]["family"] == "sm90_fp8"
+    assert (calls[-1]["accum"], calls[-1]["gran"], calls[-1]["smooth_v"]) == ("fp32", "per_warp", False)
+    assert sa.last_backend() == "cuda-sm90-fp8"
+
+
 def test_triton_call_receives_the_mask(fake_kernels):
     calls, state = fake_kernels
     state["choice"] = BackendChoice("triton-fp16", "test", False, "per_block", "fp32")

@@ -84,7 +84,7 @@ def test_a_good_table_parses():
     (("entries", 0, "heads"), ..., r"entries\[0\]: missing key\(s\) heads"),
     (("entries", 0, "ms"), {}, r"entries\[0\]\.ms: must be a non-empty object"),
     (("entries", 0, "ms", "flash"), 1.0, r"entries\[0\]\.ms\['flash'\]: unknown backend; the backends "
-                                         r"are: cuda-sm90-fp16, cuda-sm89-fp8, .*sdpa"),
+                                         r"are: cuda-sm90-fp16, cuda-sm90-fp8, cuda-sm89-fp8, .*sdpa"),
     (("entries", 0, "ms", "sdpa"), 0, r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite number"),
     (("entries", 0, "ms", "sdpa"), float("nan"), r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite"),
     (("entries", 0, "ms", "sdpa"), float("inf"), r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite"),

@@ -13,7 +13,7 @@ import sageattention as sa
 from sageattention import backends, dispatch
 from sageattention.dispatch import BackendUnavailableError, Inventory, Request, choose
 
-ALL = ("sm75", "sm80", "sm89", "sm90")
+ALL = ("sm75", "sm80", "sm89", "sm90", "sm90_fp8")
 
 
 def inv(*families, triton=True):
@@ -31,8 +31,9 @@ def req(cap=(9, 0), **kw):
 
 def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
     table = backends.capability_table()
-    assert tuple(r.name for r in table) == ("cuda-sm90-fp16", "cuda-sm89-fp8", "cuda-sm80-fp16",
-                                            "cuda-sm75-fp16", "triton-fp16", "triton-fp8", "sdpa")
+    assert tuple(r.name for r in table) == ("cuda-sm90-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8",
+                                            "cuda-sm80-fp16", "cuda-sm75-fp16", "triton-fp16",
+                                            "triton-fp8", "sdpa")
     families = json.loads(resources.files("sageattention.native").joinpath("families.json").read_text())
     for row in table:
         if row.kind != "native":
@@ -47,8 +48,8 @@ def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
 
 
 @pytest.mark.parametrize("cap,order", [
-    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm89-fp8", "triton-fp16", "cuda-sm75-fp16",
-              "triton-fp8", "sdpa")),
+    ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "triton-fp16",
+              "cuda-sm75-fp16", "triton-fp8", "sdpa")),
     ((8, 9), ("cuda-sm89-fp8", "cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "triton-fp8", "sdpa")),
     ((8, 6), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
     ((8, 0), ("cuda-sm80-fp16", "triton-fp16", "cuda-sm75-fp16", "sdpa")),
@@ -81,6 +82,35 @@ def test_sm90_family_serves_only_compute_capability_9_0():
     assert backends.preference_order((9, 0))[0] == "cuda-sm90-fp16"
 
 
+def test_sm90_fp8_family_serves_only_compute_capability_9_0():
+    fp8 = backends.backend("cuda-sm90-fp8")
+    assert (fp8.family, fp8.op, fp8.kind) == ("sm90_fp8", "qk_int8_pv_fp8", "native")
+    assert fp8.capabilities == frozenset({(9, 0)}) and fp8.min_capability is None
+    assert fp8.serves((9, 0))
+    for cap in ((8, 0), (8, 9), (9, 1), (10, 0), (12, 0), None):
+        assert not fp8.serves(cap), cap
+    # the sm89 family's modes but its fp16 inner accumulator; two-level fp32 when none is named
+    assert fp8.pv_accum_dtypes == ("fp32+fp32", "fp32") and fp8.default_pv_accum_dtype == "fp32+fp32"
+    assert fp8.qk_quant_grans == ("per_thread", "per_warp") and fp8.head_dims == frozenset({64, 128})
+    assert fp8.takes_smooth_v and not fp8.takes_mask
+    assert [cap for cap, order in backends.PREFERENCE if "cuda-sm90-fp8" in order] == [(9, 0)]
+    # after the FP16 backends (more accurate), before the mma.sync FP8 backend (slower)
+    order = backends.preference_order((9, 0))
+    assert order.index("cuda-sm80-fp16") < order.index("cuda-sm90-fp8") < order.index("cuda-sm89-fp8")
+
+
+def test_every_native_backend_is_named_by_the_validation_rule():
+    # the validation suite and the release notes name a family's backends with backend_name();
+    # the capability table must use the same names
+    from sageattention.validation.expectation import backend_name
+
+    for row in backends.capability_table():
+        if row.kind == "native":
+            assert backend_name(row.family, row.op) == row.name
+    assert {backend_name(f, op) for f, s in backends.load_families().items() for op in s["ops"]} == \
+        {r.name for r in backends.capability_table() if r.kind == "native"}
+
+
 # --- the rule -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cap,families,triton,expect", [
@@ -89,6 +119,9 @@ def test_sm90_family_serves_only_compute_capability_9_0():
     ((9, 0), ("sm80",), True, "cuda-sm80-fp16"),
     ((9, 0), ("sm90",), True, "cuda-sm90-fp16"),
     ((9, 0), ("sm89",), True, "cuda-sm89-fp8"),
+    ((9, 0), ("sm89", "sm90_fp8"), True, "cuda-sm90-fp8"),  # wgmma FP8: faster than mma.sync FP8
+    ((9, 0), ("sm80", "sm90_fp8"), True, "cuda-sm80-fp16"),  # FP16 PV first: more accurate
+    ((9, 0), ("sm90_fp8",), False, "cuda-sm90-fp8"),
     ((9, 0), ("sm75",), True, "triton-fp16"),
     ((9, 0), ("sm75",), False, "cuda-sm75-fp16"),   # the Turing wheel on an H200: PTX JIT
     ((8, 9), ("sm80", "sm89"), True, "cuda-sm89-fp8"),
@@ -169,6 +202,40 @@ def test_fp16_cuda_function_runs_sm90_where_it_serves_the_call_else_sm80():
     assert "pv_accum_dtype='fp16' is not provided by cuda-sm90-fp16" in alone.adjustments[0]
     with pytest.raises(BackendUnavailableError, match="contains: native families sm90"):
         pick((8, 9), families=("sm90",))  # an sm_90a-only build on Ada: not in 8.9's order at all
+
+
+def test_fp8_cuda_functions_run_sm90_fp8_where_it_serves_the_call_else_sm89():
+    from sageattention.core import _FP8_NATIVE
+
+    def pick(cap=(9, 0), families=ALL, **kw):
+        return choose(req(cap, **kw), inv(*families), candidates=_FP8_NATIVE, allow_fallback=False)
+
+    for gran in ("per_thread", "per_warp"):
+        for accum in ("fp32+fp32", "fp32"):
+            for d in (64, 128):
+                choice = pick(qk_quant_gran=gran, pv_accum_dtype=accum, head_dim=d, dtype=torch.bfloat16)
+                assert choice.name == "cuda-sm90-fp8" and not choice.adjustments
+                assert (choice.qk_quant_gran, choice.pv_accum_dtype) == (gran, accum)
+    # "fp32+fp16" (sageattn_qk_int8_pv_fp8_cuda's default) only the sm89 family has
+    choice = pick(pv_accum_dtype="fp32+fp16")
+    assert choice.name == "cuda-sm89-fp8" and choice.pv_accum_dtype == "fp32+fp16"
+    assert not choice.adjustments and "cuda-sm90-fp8: pv_accum_dtype='fp32+fp16'" in choice.reason
+    assert pick(families=("sm80", "sm89")).name == "cuda-sm89-fp8"  # a wheel without it
+    assert pick((8, 9)).name == "cuda-sm89-fp8"  # sm_90a code: not on Ada
+    # only the sm90_fp8 family installed: it runs, with its own accumulator, and says so
+    alone = pick(families=("sm90_fp8",), pv_accum_dtype="fp32+fp16")
+    assert alone.name == "cuda-sm90-fp8" and alone.pv_accum_dtype == "fp32+fp32"
+    assert "pv_accum_dtype='fp32+fp16' is not provided by cuda-sm90-fp8 (it has fp32+fp32, fp32)" \
+        in alone.adjustments[0]
+    with pytest.raises(BackendUnavailableError, match="contains: native families sm90_fp8"):
+        pick((8, 9), families=("sm90_fp8",))
+
+
+def test_forcing_cuda_sm90_fp8_on_another_gpu_says_why():
+    with pytest.raises(BackendUnavailableError, match=r"compute capability 8.9 is not served \(sm90\)"):
+        choose(req((8, 9)), inv(*ALL), forced="cuda-sm90-fp8")
+    forced = choose(req((9, 0)), inv(*ALL), forced="cuda-sm90-fp8")
+    assert (forced.name, forced.pv_accum_dtype) == ("cuda-sm90-fp8", "fp32+fp32")
 
 
 def test_forcing_cuda_sm90_fp16_on_another_gpu_says_why():

@@ -114,7 +114,7 @@ def test_dispatch_summary_names_the_table_or_the_static_order(monkeypatch):
     assert "static order cuda-sm80-fp16, triton-fp16, cuda-sm75-fp16, sdpa (no calibration table" \
         in diagnostics.dispatch_summary((8, 6))
     monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "off")
-    assert "static order cuda-sm90-fp16, cuda-sm80-fp16, cuda-sm89-fp8" \
+    assert "static order cuda-sm90-fp16, cuda-sm80-fp16, cuda-sm90-fp8, cuda-sm89-fp8" \
         in diagnostics.dispatch_summary((9, 0))
     monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "maybe")
     assert diagnostics.dispatch_summary((9, 0)).startswith("error: SAGEATTENTION_CALIBRATION='maybe'")

@@ -11,7 +11,7 @@ import pytest
 import sageattention.native as native
 
 ROOT = Path(__file__).resolve().parents[2]
-MY_FAMILIES = ("sm80", "sm89", "sm90")
+MY_FAMILIES = ("sm80", "sm89", "sm90", "sm90_fp8")
 KWARGS = dict(tensor_layout="HND", is_causal=False, sm_scale=0.125, qk_quant_gran="per_warp",
               smooth_k=True, smooth_v=False, return_lse=False)
 
@@ -36,7 +36,7 @@ def no_extensions(monkeypatch, fresh_status):
 
 
 def test_families_match_json_table():
-    assert set(native.FAMILIES) == {"sm75", "sm80", "sm89", "sm90"}
+    assert set(native.FAMILIES) == {"sm75", "sm80", "sm89", "sm90", "sm90_fp8"}
     assert native.FAMILIES["sm80"]["extension"] == "sageattention._kernels_sm80"
     assert native.FAMILIES["sm89"]["ops"] == ["qk_int8_pv_fp8"]
     assert native.FAMILIES["sm80"]["ops"] == ["qk_int8_pv_fp16"]
@@ -48,8 +48,22 @@ def test_sm90_family_entry():
         "extension": "sageattention._kernels_sm90", "sources": "csrc/sm90", "serves": ["sm90"],
         "min_nvcc": "12.4", "embed_ptx": None, "arch_specific": True, "ops": ["qk_int8_pv_fp16"],
         "qk_quant_gran": ["per_warp", "per_thread"], "pv_accum_dtype": ["fp32"], "head_dims": [64, 128]}
-    # only the sm90 family is arch-specific; the others omit the field (default false)
-    assert [f for f, s in native.FAMILIES.items() if s.get("arch_specific", False)] == ["sm90"]
+    # only the wgmma families are arch-specific; the others omit the field (default false)
+    assert [f for f, s in native.FAMILIES.items() if s.get("arch_specific", False)] == ["sm90", "sm90_fp8"]
+
+
+def test_sm90_fp8_family_entry():
+    spec = native.FAMILIES["sm90_fp8"]
+    assert spec == {
+        "extension": "sageattention._kernels_sm90_fp8", "sources": "csrc/sm90_fp8", "serves": ["sm90"],
+        "min_nvcc": "12.4", "embed_ptx": None, "arch_specific": True, "ops": ["qk_int8_pv_fp8"],
+        "qk_quant_gran": ["per_warp", "per_thread"], "pv_accum_dtype": ["fp32+fp32", "fp32"],
+        "head_dims": [64, 128]}
+    # the sm89 family's op, granularities and head dims; its accumulation modes but "fp32+fp16"
+    sm89 = native.FAMILIES["sm89"]
+    assert {k: spec[k] for k in ("ops", "qk_quant_gran", "head_dims")} == \
+        {k: sm89[k] for k in ("ops", "qk_quant_gran", "head_dims")}
+    assert set(sm89["pv_accum_dtype"]) - set(spec["pv_accum_dtype"]) == {"fp32+fp16"}
 
 
 def test_missing_extensions_are_reported_with_a_reason(no_extensions):
@@ -69,6 +83,8 @@ def test_calling_a_missing_family_raises_importerror(no_extensions):
         native.qk_int8_pv_fp8(None, None, None, family="sm89", pv_accum_dtype="fp32+fp32", **KWARGS)
     with pytest.raises(ImportError, match="_kernels_sm90"):
         native.qk_int8_pv_fp16(None, None, None, family="sm90", pv_accum_dtype="fp32", **KWARGS)
+    with pytest.raises(ImportError, match="_kernels_sm90_fp8"):
+        native.qk_int8_pv_fp8(None, None, None, family="sm90_fp8", pv_accum_dtype="fp32", **KWARGS)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +96,10 @@ def test_calling_a_missing_family_raises_importerror(no_extensions):
         (native.qk_int8_pv_fp16, "sm80", "fp32+fp32", "pv_accum_dtype='fp32\\+fp32'.*accepted"),
         (native.qk_int8_pv_fp8, "sm89", "fp16", "pv_accum_dtype='fp16'.*accepted"),
         (native.qk_int8_pv_fp16, "sm90", "fp16+fp32", "pv_accum_dtype='fp16\\+fp32'.*sm90.*\\['fp32'\\]"),
-        (native.qk_int8_pv_fp8, "sm90", "fp32", "has no qk_int8_pv_fp8"),
+        (native.qk_int8_pv_fp8, "sm90", "fp32", "has no qk_int8_pv_fp8.*sm89.*sm90_fp8"),
+        (native.qk_int8_pv_fp8, "sm90_fp8", "fp32+fp16",
+         "pv_accum_dtype='fp32\\+fp16'.*sm90_fp8.*\\['fp32\\+fp32', 'fp32'\\]"),
+        (native.qk_int8_pv_fp16, "sm90_fp8", "fp32", "has no qk_int8_pv_fp16"),
     ],
 )
 def test_bad_family_or_option_is_a_valueerror(call, family, accum, match):

@@ -106,6 +106,15 @@ def test_limitations_come_from_the_family_table():
     assert "per_thread" not in sm90.split("## Known SM90 limitations")[1].split("##")[0]
 
 
+def test_a_report_with_the_sm90_fp8_family_names_its_backend_and_modes():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    table = json.loads(notes.FAMILIES_JSON.read_text())["families"]
+    doc["families"] = dict(doc["families"], sm90_fp8=table["sm90_fp8"])
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert ("- native kernel family `sm90_fp8`: `cuda-sm90-fp8` (INT8 QK, FP8 PV); head dims 64, 128; "
+            "qk_quant_gran per_warp, per_thread; pv_accum_dtype fp32+fp32, fp32") in text
+
+
 def test_windows_note_states_only_its_own_windows_run():
     text = note_for(STEMWIN)
     assert "## Verified environment (Windows)" in text and "## Windows compatibility" in text

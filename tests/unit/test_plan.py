@@ -77,25 +77,27 @@ def test_family_gencode_follows_families_json():
     assert sm75.gencode_flags() == ["-gencode=arch=compute_75,code=sm_75",
                                     "-gencode=arch=compute_75,code=compute_75"]
     builds = {b.family.name: b for b in arch.family_builds([(90, False)], FAMILIES)}
-    assert set(builds) == {"sm80", "sm89", "sm90"}
+    assert list(builds) == ["sm80", "sm89", "sm90", "sm90_fp8"]  # families.json order
     assert builds["sm80"].gencode_flags() == ["-gencode=arch=compute_90,code=sm_90"]  # not 90a
     assert builds["sm89"].gencode_flags() == ["-gencode=arch=compute_90,code=sm_90"]
     assert builds["sm90"].gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert builds["sm90_fp8"].gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
     multi = {b.family.name: b for b in arch.family_builds([(80, False), (89, True)], FAMILIES)}
     assert multi["sm80"].sass == (80, 89) and multi["sm80"].ptx == (89,)
     assert multi["sm89"].sass == (89,)
-    assert "sm90" not in multi
+    assert "sm90" not in multi and "sm90_fp8" not in multi
 
 
 @pytest.mark.parametrize("targets", [[(90, False)], [(90, True)], [(80, False), (90, True)],
                                      [(75, True), (80, False), (86, False), (89, False), (90, True)]])
-def test_sm90_family_compiles_sm_90a_only_never_plain_sm_90_or_ptx(targets):
-    assert FAMILIES["sm90"].arch_specific and FAMILIES["sm90"].serves == (90,)
-    assert not [f for f in FAMILIES.values() if f.arch_specific and f.name != "sm90"]
+def test_sm90_families_compile_sm_90a_only_never_plain_sm_90_or_ptx(targets):
+    wgmma = ("sm90", "sm90_fp8")
+    assert [f.name for f in FAMILIES.values() if f.arch_specific] == list(wgmma)
     builds = {b.family.name: b for b in arch.family_builds(targets, FAMILIES)}
-    sm90 = builds["sm90"]
-    assert (sm90.sass, sm90.ptx) == ((90,), ())
-    assert sm90.gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
+    for name in wgmma:
+        assert FAMILIES[name].serves == (90,)
+        assert (builds[name].sass, builds[name].ptx) == ((90,), ())
+        assert builds[name].gencode_flags() == ["-gencode=arch=compute_90a,code=sm_90a"]
     # the other families keep compiling plain sm_90 (and PTX where asked)
     for name in ("sm80", "sm89"):
         flags = builds[name].gencode_flags()
@@ -169,7 +171,7 @@ def test_source_build_targets_from_env_and_gpu(monkeypatch):
     cfg = _resolve({"SAGEATTENTION_SM_TARGETS": "sm90;sm80"})
     assert cfg.version == "2.2.0+sm80.sm90.torch2.14cu130"
     assert cfg.torch_requirement == "torch==2.14.*" and cfg.cxx_std == "c++20"
-    assert [b.family.name for b in cfg.builds] == ["sm80", "sm89", "sm90"]
+    assert [b.family.name for b in cfg.builds] == ["sm80", "sm89", "sm90", "sm90_fp8"]
     assert "-gencode=arch=compute_90a,code=sm_90a" in cfg.describe()
     assert _resolve({"TORCH_CUDA_ARCH_LIST": "7.5+PTX"}).targets == (Target(75, True),)
     hopper = _resolve({"TORCH_CUDA_ARCH_LIST": "9.0a"})  # as set on the H200 runner
@@ -314,17 +316,17 @@ def _sm90_wheel(tmp_path, families, modules):
     return wheel
 
 
-def test_an_sm90_wheel_must_hold_the_sm80_sm89_and_sm90_families(tmp_path):
+def test_an_sm90_wheel_must_hold_the_sm80_sm89_sm90_and_sm90_fp8_families(tmp_path):
     from scripts.factory import wheelcheck
 
-    good = _sm90_wheel(tmp_path, ["sm80", "sm89", "sm90"], ["sm80", "sm89", "sm90"])
+    families = ["sm80", "sm89", "sm90", "sm90_fp8"]
+    good = _sm90_wheel(tmp_path, families, families)
     assert wheelcheck.agreement_problems(good) == []
     expected = wheelcheck.expected_files(good)
-    assert {f"sageattention/_kernels_{m}.cpython-311-x86_64-linux-gnu.so"
-            for m in ("sm80", "sm89", "sm90")} <= expected
+    assert {f"sageattention/_kernels_{m}.cpython-311-x86_64-linux-gnu.so" for m in families} <= expected
     good.unlink()
-    old = _sm90_wheel(tmp_path, ["sm80", "sm89"], ["sm80", "sm89"])  # built before the sm90 family
+    old = _sm90_wheel(tmp_path, families[:3], families[:3])  # built before the sm90_fp8 family
     problems = wheelcheck.agreement_problems(old)
-    assert "build info families ['sm80', 'sm89'] != ['sm80', 'sm89', 'sm90'] (what families.json " \
-           "says the SMs need)" in problems
-    assert "extension sageattention._kernels_sm90 (family sm90) missing" in problems
+    assert "build info families ['sm80', 'sm89', 'sm90'] != ['sm80', 'sm89', 'sm90', 'sm90_fp8'] " \
+           "(what families.json says the SMs need)" in problems
+    assert "extension sageattention._kernels_sm90_fp8 (family sm90_fp8) missing" in problems

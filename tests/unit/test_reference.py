@@ -297,3 +297,12 @@ def test_softmax_step_changes_only_the_rounding_of_p():
     c = sageattn_reference(q, k, v, pv_dtype="fp8", blkk=64, softmax_blkk=64)
     assert torch.equal(a, c)
     assert FAMILY_BLOCK_SIZES["sm90"]["softmax_blkk"] == 128
+
+
+def test_every_native_family_has_its_block_sizes():
+    from sageattention.native import FAMILIES
+
+    assert set(FAMILIES) <= set(FAMILY_BLOCK_SIZES)
+    # the FP8 wgmma family quantizes as the sm89 family and steps its softmax as the sm90 family
+    assert FAMILY_BLOCK_SIZES["sm90_fp8"] == dict(FAMILY_BLOCK_SIZES["sm89"], softmax_blkk=128)
+    assert FAMILY_BLOCK_SIZES["sm90_fp8"]["softmax_blkk"] == FAMILY_BLOCK_SIZES["sm90"]["softmax_blkk"]

@@ -58,6 +58,7 @@ class FakeLib:
         self.default = default
         self.local = threading.local()
         self.calls = 0
+        self.specific_calls = []  # (forced backend, pv_accum_dtype) of each kernel-specific call
         self.__version__ = "2.2.0+fake"
         for name in ("sageattn_varlen", "sageattn_qk_int8_pv_fp16_triton",
                      "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp8_cuda",
@@ -92,7 +93,7 @@ class FakeLib:
     # -- the functions -----------------------------------------------------------------
     def _specific(self, q, k, v, tensor_layout="HND", is_causal=False, **kwargs):
         kwargs.pop("qk_quant_gran", None)
-        kwargs.pop("pv_accum_dtype", None)
+        self.specific_calls.append((getattr(self.local, "forced", None), kwargs.pop("pv_accum_dtype", None)))
         return self.sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, **kwargs)
 
     def sageattn(self, q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
@@ -412,6 +413,33 @@ def test_sm90_family_is_validated_through_the_fp16_public_function():
         "cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm90-fp16"]
     checks = by_name(doc)
     assert all(c["status"] == "pass" for c in checks.values()), checks
+
+
+def test_sm90_wheel_with_the_sm90_fp8_family_runs_four_families_natively_on_sm90_only():
+    families = ["sm80", "sm89", "sm90", "sm90_fp8"]
+    build = {**SM90_BUILD, "families": families}
+    e = expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+    assert e.execution == "native" and {b.via for b in e.backends} == {"sass"}
+    assert [(b.name, b.family) for b in e.backends] == [
+        ("cuda-sm80-fp16", "sm80"), ("cuda-sm89-fp8", "sm89"), ("cuda-sm90-fp16", "sm90"),
+        ("cuda-sm90-fp8", "sm90_fp8")]
+    for gpu in (80, 89):  # an [sm80, sm89, sm90] wheel on Ampere or Ada: no sm_90a family there
+        names = expect(gpu_sm=gpu, families_table=FAMILIES, available={},
+                       build_info={**build, "sm_targets": ["sm80", "sm89", "sm90"]}).names
+        assert not {"cuda-sm90-fp16", "cuda-sm90-fp8"} & set(names), names
+
+
+def test_sm90_fp8_family_is_validated_through_the_fp8_public_function_with_its_accumulation():
+    native = ("cuda-sm80-fp16", "cuda-sm89-fp8", "cuda-sm90-fp16", "cuda-sm90-fp8")
+    lib = FakeLib(native=native, default="cuda-sm90-fp16")
+    doc = run(lib, build={**SM90_BUILD, "families": ["sm80", "sm89", "sm90", "sm90_fp8"]},
+              only=["native-runtime", "public-api"])
+    checks = by_name(doc)
+    assert all(c["status"] == "pass" for c in checks.values()), checks
+    accums = {accum for forced, accum in lib.specific_calls if forced == "cuda-sm90-fp8"}
+    # the family's own first mode, one it accepts (not the sm89 family's "fp32+fp16")
+    assert accums == {FAMILIES["families"]["sm90_fp8"]["pv_accum_dtype"][0]} == {"fp32+fp32"}
+    assert {accum for forced, accum in lib.specific_calls if forced == "cuda-sm89-fp8"} == {"fp32+fp16"}
 
 
 def test_source_checkout_expects_what_compiled_here():

@@ -1,0 +1,141 @@
+"""No-GPU tests of the Python side of the FP8 families (sm89, sm90_fp8): one schema set, one set of
+fakes and call helpers in sageattention.native, used by both family modules.
+
+The op schemas are read from csrc/<family>/bindings.cpp (where they are defined once) and
+registered in a test-only namespace with the shared fakes behind them, so each family module's
+calls and the fakes' output shapes are checked on meta tensors, without the extensions.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import sageattention.native as native
+from sageattention.native import sm89, sm90_fp8
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = {"sm89": sm89, "sm90_fp8": sm90_fp8}
+
+
+def _bindings(family: str) -> str:
+    return (ROOT / "csrc" / family / "bindings.cpp").read_text()
+
+
+def _schemas(family: str) -> list[str]:
+    body = re.search(rf"TORCH_LIBRARY\(sageattention_{family}, m\) \{{(.*?)\n\}}", _bindings(family), re.S)
+    assert body, f"no TORCH_LIBRARY block in csrc/{family}/bindings.cpp"
+    defs = re.findall(r"m\.def\(\s*((?:\"[^\"]*\"\s*)+)\);", body.group(1))
+    return ["".join(re.findall(r'"([^"]*)"', d)) for d in defs]
+
+
+def test_the_fp8_families_define_one_schema_set():
+    schemas = _schemas("sm89")
+    assert [s.split("(")[0] for s in schemas] == ["quant_int8", "quant_v_fp8", "qk_int8_pv_fp8"]
+    assert _schemas("sm90_fp8") == schemas
+    for family, module in MODULES.items():
+        assert module.NAMESPACE == f"sageattention_{family}"
+        assert module.EXTENSION == native.FAMILIES[family]["extension"]
+        assert module.load.family == family and module.load.extension == module.EXTENSION
+
+
+@pytest.mark.parametrize("family", MODULES)
+def test_bindings_accept_the_accumulations_of_the_family_table(family):
+    # parse_accum's accepted strings are families.json's pv_accum_dtype for that family
+    body = re.search(r"PvAccum parse_accum\(const std::string& a\) \{(.*?)\n\}", _bindings(family), re.S)
+    accepted = re.findall(r'if \(a == "([^"]+)"\) return', body.group(1))
+    assert sorted(accepted) == sorted(native.FAMILIES[family]["pv_accum_dtype"])
+
+
+def test_sm90_fp8_ops_all_check_for_compute_capability_9_0():
+    text = _bindings("sm90_fp8")
+    ops = re.findall(r"\n(?:std::tuple<[^\n]*>) (\w+_op)\(", text)
+    assert sorted(ops) == ["qk_int8_pv_fp8_op", "quant_int8_op", "quant_v_fp8_op"]
+    for op in ops:
+        body = text[text.index(f" {op}("):]
+        body = body[:body.index("\n}\n")]
+        assert "glue::check_sm90a_device(" in body, op
+
+
+@pytest.fixture(params=list(MODULES))
+def family_on_schema(request, monkeypatch):
+    """One FP8 family's module and the shared fakes on its bindings.cpp schemas under a test
+    namespace (a fresh one per family: fakes register once per op)."""
+    family = request.param
+    module = MODULES[family]
+    namespace = f"sageattention_{family}_schema_test"
+    lib = torch.library.Library(namespace, "DEF")
+    for schema in _schemas(family):
+        lib.define(schema)
+    monkeypatch.setattr(module, "NAMESPACE", namespace)
+    module._register_fakes()
+    monkeypatch.setattr(module, "load", lambda: None)
+    yield module
+    lib._destroy()
+
+
+ATTN_KWARGS = dict(is_causal=True, sm_scale=0.125, smooth_k=True, smooth_v=True)
+
+
+@pytest.mark.parametrize("gran", ["per_thread", "per_warp"])
+@pytest.mark.parametrize("layout,return_lse", [("HND", False), ("NHD", True), ("HND", True)])
+def test_attention_wrapper_calls_the_schema_and_the_fake_gives_the_shapes(family_on_schema, gran,
+                                                                          layout, return_lse):
+    module = family_on_schema
+    b, hq, hkv, nq, nk, d = 2, 4, 2, 33, 70, 128
+    shape = (lambda h, n: (b, h, n, d)) if layout == "HND" else (lambda h, n: (b, n, h, d))
+    q = torch.empty(shape(hq, nq), dtype=torch.float16, device="meta")
+    k = torch.empty(shape(hkv, nk), dtype=torch.float16, device="meta")
+    out, lse = module.qk_int8_pv_fp8(q, k, k, tensor_layout=layout, qk_quant_gran=gran,
+                                     pv_accum_dtype="fp32+fp32", return_lse=return_lse, **ATTN_KWARGS)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    if return_lse:
+        assert lse.shape == (b, hq, nq) and lse.dtype == torch.float32
+    else:
+        assert lse is None
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("smooth_v", [False, True])
+def test_quant_v_fake_gives_the_padded_transposed_shapes(family_on_schema, layout, smooth_v):
+    b, h, n, d = 2, 3, 70, 64
+    v = torch.empty((b, h, n, d) if layout == "HND" else (b, n, h, d), dtype=torch.bfloat16,
+                    device="meta")
+    v8, scale, mean = family_on_schema.quant_v_fp8(v, tensor_layout=layout, smooth_v=smooth_v)
+    assert v8.shape == (b, h, d, 128) and v8.dtype == torch.float8_e4m3fn  # tokens padded to 64
+    assert scale.shape == (b, h, d) and scale.dtype == torch.float32
+    assert mean.shape == ((b, h, d) if smooth_v else (0,)) and mean.dtype == torch.float32
+
+
+@pytest.mark.parametrize("is_key,gran,expected", [(False, "per_thread", (128, 32)),
+                                                  (True, "per_warp", (128, 2))])
+def test_quant_int8_fake_gives_the_padded_shapes(family_on_schema, is_key, gran, expected):
+    x = torch.empty(1, 3, 70, 64, dtype=torch.float16, device="meta")
+    xi8, scale = family_on_schema.quant_int8(x, tensor_layout="HND", qk_quant_gran=gran, is_key=is_key)
+    assert xi8.shape == (1, 3, expected[0], 64) and xi8.dtype == torch.int8
+    assert scale.shape == (1, 3, expected[1]) and scale.dtype == torch.float32
+
+
+def test_the_attention_wrapper_traces_whole_under_torch_compile(family_on_schema):
+    # the wrapper -> shared helper -> op path must not break a fullgraph trace (a CPU kernel stands
+    # in for the extension's CUDA one)
+    module = family_on_schema
+    impl = torch.library.Library(module.NAMESPACE, "IMPL")
+    impl.impl("qk_int8_pv_fp8", lambda q, k, v, *args: (q * 2 + v, q.new_zeros((0,))), "CPU")
+    try:
+        torch._dynamo.reset()
+
+        def attention(q, k, v):
+            out, lse = module.qk_int8_pv_fp8(q, k, v, tensor_layout="HND", qk_quant_gran="per_warp",
+                                             pv_accum_dtype="fp32", return_lse=False, **ATTN_KWARGS)
+            assert lse is None
+            return out + 1
+
+        q, k, v = (torch.randn(1, 2, 8, 64) for _ in range(3))
+        compiled = torch.compile(attention, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(q, k, v), q * 2 + v + 1)
+    finally:
+        impl._destroy()
+        torch._dynamo.reset()
