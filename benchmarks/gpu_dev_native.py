@@ -1,4 +1,5 @@
-"""Kernel developer's GPU driver for the sm80/sm89/sm90 families: build, test, measure in one call.
+"""Kernel developer's GPU driver for the sm80/sm89/sm90/sm90_fp8 families: build, test, measure in
+one call.
 
 1. build: compiles csrc/<family>/ (+ csrc/common/) with torch.utils.cpp_extension in child
    processes and copies each extension next to the package as
@@ -10,7 +11,8 @@
 
     python benchmarks/gpu_dev_native.py --family sm80 --family sm89 --out /tmp/out
 
-The sm90 family (arch_specific in families.json) always builds for 9.0a, whatever --arch says.
+The sm90 and sm90_fp8 families (arch_specific in families.json) always build for 9.0a, whatever
+--arch says.
 """
 from __future__ import annotations
 
@@ -104,9 +106,11 @@ KERNELS = {  # label -> (family, op, pv_accum_dtype)
     "sm89-fp32+fp32": ("sm89", "qk_int8_pv_fp8", "fp32+fp32"),
     "sm89-fp32": ("sm89", "qk_int8_pv_fp8", "fp32"),
     "sm90-fp32": ("sm90", "qk_int8_pv_fp16", "fp32"),
+    "sm90_fp8-fp32+fp32": ("sm90_fp8", "qk_int8_pv_fp8", "fp32+fp32"),
+    "sm90_fp8-fp32": ("sm90_fp8", "qk_int8_pv_fp8", "fp32"),
 }
 # Families of arch-specific SASS build for their one target (families.json "arch_specific").
-FAMILY_ARCH = {"sm90": "9.0a"}
+FAMILY_ARCH = {"sm90": "9.0a", "sm90_fp8": "9.0a"}
 
 
 def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str, Path]]:
@@ -128,6 +132,11 @@ def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str,
                              "(DIR/sm80, DIR/common), e.g. from: git archive REV csrc | tar -x -C OUT")
         variants[name] = (variants.get(name, ("", tree))[0], tree)
     return variants
+
+
+def reference_pv_dtype(label: str) -> str:
+    """The sageattention.reference pv_dtype a kernel label is checked against: its op's PV type."""
+    return "fp8" if KERNELS[label][1] == "qk_int8_pv_fp8" else "fp16"
 
 
 def _kernel_fn(label, q, k, v, causal):
@@ -172,7 +181,7 @@ def accuracy(labels, softmax_blocks: dict[int, int] | None = None) -> list[dict]
                 blocks["softmax_blkk"] = softmax_blocks[d]
             r = reference.sageattn_reference(
                 q, k, v, is_causal=causal, qk_quant_gran="per_thread", smooth_k=True,
-                pv_dtype="fp8" if fam == "sm89" else "fp16", pv_accum_dtype=accum, **blocks)
+                pv_dtype=reference_pv_dtype(label), pv_accum_dtype=accum, **blocks)
             row = {"kernel": label, "n": n, "d": d, "causal": causal,
                    "finite": bool(torch.isfinite(out).all())}
             for name, ref in (("sdpa32", exact), ("reference", r)):
@@ -273,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", metavar="JSON",
                         help="only print a stored native_dev.json's timing as a markdown table")
     parser.add_argument("--markdown", metavar="OUT", help="with --render: also write the table here")
-    parser.add_argument("--family", action="append", choices=["sm80", "sm89", "sm90"],
+    parser.add_argument("--family", action="append", choices=["sm80", "sm89", "sm90", "sm90_fp8"],
                         help="family to build and measure (repeatable)")
     parser.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST value (default 9.0)")
     parser.add_argument("--std", default="c++17", help="C++ standard (torch 2.14 needs c++20)")

@@ -74,6 +74,22 @@ def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
         native.main(["--family", "sm80", "--variant-csrc", f"x={tmp_path}"])
 
 
+def test_native_kernel_labels_follow_the_family_table():
+    native = _load("gpu_dev_native")
+    from sageattention.native import FAMILIES
+
+    for label, (family, op, accum) in native.KERNELS.items():
+        spec = FAMILIES[family]
+        assert label == f"{family}-{accum}" and op in spec["ops"] and accum in spec["pv_accum_dtype"]
+        assert native.reference_pv_dtype(label) == ("fp8" if op == "qk_int8_pv_fp8" else "fp16")
+    assert {f for f, _, _ in native.KERNELS.values()} == set(FAMILIES) - {"sm75"}  # sm75: its own driver
+    assert [lab for lab, spec in native.KERNELS.items() if spec[0] == "sm90_fp8"] == \
+        ["sm90_fp8-fp32+fp32", "sm90_fp8-fp32"]
+    assert native.reference_pv_dtype("sm90_fp8-fp32") == "fp8"
+    # arch-specific families build for their one arch-specific target
+    assert native.FAMILY_ARCH == {f: "9.0a" for f, s in FAMILIES.items() if s.get("arch_specific")}
+
+
 def test_accuracy_verdict_flags_nan_and_reference_mismatch():
     native = _load("gpu_dev_native")
     good = {"kernel": "sm80-fp32", "n": 4096, "d": 128, "causal": False, "finite": True,
