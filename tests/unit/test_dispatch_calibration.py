@@ -11,7 +11,7 @@ from sageattention.backends import BACKEND_NAMES
 from sageattention.dispatch import Inventory, Request, choose
 from sageattention.inputs import SAGEATTN_KEYWORDS, parse_call
 
-FAMILIES = ("sm75", "sm80", "sm89", "sm90")
+FAMILIES = ("sm75", "sm80", "sm89", "sm90", "sm90_fp8")
 # Most tests below use a build without the sm90 family (as on an sm90 wheel built before it): they
 # are about how the table ranks the backends it measured. The sm90 family's own tests (at the end)
 # install it too.
@@ -311,8 +311,8 @@ def test_the_packaged_sm90_table_picks_what_it_measured_fastest_including_the_sm
                             dtype=calibration.DTYPES[e.dtype]), inv(*FAMILIES), calibration=packaged)
         assert choice.calibrated and choice.name == fastest, (e.name, choice.reason)
         picked.add(choice.name)
-    # measured fastest at 1x32x16384x128 (benchmarks/results/h200-2026-12-03-calibration-sm90family.json)
-    assert "cuda-sm90-fp16" in picked
+    # measured fastest at 1x32x16384x128 and 2x32x8192x128 (benchmarks/results/h200-2026-12-03-calibration-sm90fp8.json)
+    assert {"cuda-sm90-fp16", "cuda-sm90-fp8"} <= picked
 
 
 def test_where_the_table_does_not_apply_cuda_sm90_fp16_comes_first():
