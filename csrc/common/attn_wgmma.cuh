@@ -794,7 +794,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_pin(s_i);
     float alpha[2] = {1.f, 1.f};
     uint32_t pn[BLOCK_N / 16][4];
-    if (more) wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
+    if (more) {
+      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
+        wg::online_softmax<BLOCK_N, PV, true>(s_i, blk, m_run, l_run, alpha, pn);
+      else
+        wg::online_softmax<BLOCK_N, PV, false>(s_i, blk, m_run, l_run, alpha, pn);
+    }
     wgmma_wait<0>();
     wgmma_pin(o);
     if (never) {
