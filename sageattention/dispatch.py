@@ -451,6 +451,9 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
     unusable = [f"{b.name}: {'; '.join(hard)}" for b, hard, _ in assessed if hard]
     if unusable:
         why += " (not usable here: " + " | ".join(unusable) + ")"
+    if best.op == "qk_int8_pv_fp8":  # the table trades accuracy for speed here: say so
+        why += (f"; {best.name} runs P.V in FP8, less accurate than the FP16 P.V backends "
+                f"({CALIBRATION_ENV_VAR}=off keeps the static order, FP16 P.V first)")
     return _native_choice(best, req, why, options, calibrated=True), None
 
 

@@ -320,3 +320,13 @@ def test_where_the_table_does_not_apply_cuda_sm90_fp16_comes_first():
     assert lse.name == "cuda-sm90-fp16" and not lse.calibrated
     assert (lse.qk_quant_gran, lse.pv_accum_dtype) == ("per_thread", "fp32")
     assert choose(req(), inv(*FAMILIES)).name == "cuda-sm90-fp16"  # calibration off
+
+
+def test_a_calibrated_fp8_pick_says_it_trades_accuracy_and_how_to_keep_fp16():
+    packaged = calibration.for_capability((9, 0))
+    fp8 = choose(req(b=1, h=32, n=16384, d=128), inv(*FAMILIES), calibration=packaged)
+    assert fp8.calibrated and fp8.name == "cuda-sm90-fp8"  # measured fastest there
+    assert "runs P.V in FP8, less accurate than the FP16 P.V backends" in fp8.reason
+    assert "SAGEATTENTION_CALIBRATION=off" in fp8.reason
+    fp16 = choose(req(b=4, h=32, n=4096, d=128), inv(*FAMILIES), calibration=packaged)
+    assert fp16.name != "cuda-sm90-fp8" and "FP8" not in fp16.reason
