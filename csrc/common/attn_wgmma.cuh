@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attn_kernel.cuh"
 #include "sm90_sync.cuh"
@@ -46,8 +47,8 @@ namespace sage {
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
 #endif
 #ifndef SAGE_WG_MASK_BRANCH
-// WS kernel: blocks that need no mask for any of the warp's rows take a softmax without mask code.
-// Without the branch ptxas if-converts the mask into an ISETP + SEL per score on every block.
+// Blocks that need no mask for any of the warp's rows take a softmax without mask code
+// (wg::softmax_probs).
 #define SAGE_WG_MASK_BRANCH 1
 #endif
 #ifndef SAGE_WG_FP8_P_FOLD
@@ -296,10 +297,10 @@ struct KBlock {
 
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
-// MASK = false: the caller knows the block needs no mask (blk.need_mask is false).
+// MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
 // P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
-template <int BLOCK_N, bool MASK = true, bool P_X448 = false>
-__device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+template <int BLOCK_N, bool MASK, bool P_X448>
+__device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
   constexpr int kNT = BLOCK_N / 8;
@@ -391,14 +392,37 @@ __device__ __forceinline__ void pack_p8_frags(const float (&sf)[BLOCK_N / 2], ui
       }
 }
 
+// f(std::true_type) for a block that some of the warp's rows need masked, else f(std::false_type):
+// the code without mask selects (SAGE_WG_MASK_BRANCH; need_mask is warp-uniform). Without the
+// branch ptxas if-converts the mask into an ISETP + SEL per score on every block.
+template <int BLOCK_N, typename F>
+__device__ __forceinline__ void with_mask_choice(const KBlock<BLOCK_N>& blk, F&& f) {
+  if (!SAGE_WG_MASK_BRANCH || blk.need_mask)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// The softmax of one block (the FP8 P.V path packs P itself).
+template <int BLOCK_N, bool P_X448 = false>
+__device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                              float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                              float (&sf)[BLOCK_N / 2]) {
+  with_mask_choice(blk, [&](auto mask) {
+    softmax_probs_of<BLOCK_N, decltype(mask)::value, P_X448>(s, blk, m_run, l_run, alpha, sf);
+  });
+}
+
 // The softmax and the 16-bit packing together (the 16-bit P.V paths).
-template <int BLOCK_N, PvKind PV, bool MASK = true>
+template <int BLOCK_N, PvKind PV>
 __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                                float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
-  float sf[BLOCK_N / 2];
-  softmax_probs<BLOCK_N, MASK>(s, blk, m_run, l_run, alpha, sf);
-  pack_p16_frags<BLOCK_N, PV>(sf, pn);
+  with_mask_choice(blk, [&](auto mask) {
+    float sf[BLOCK_N / 2];
+    softmax_probs_of<BLOCK_N, decltype(mask)::value, false>(s, blk, m_run, l_run, alpha, sf);
+    pack_p16_frags<BLOCK_N, PV>(sf, pn);
+  });
 }
 
 template <int HEAD_DIM>
@@ -794,12 +818,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_pin(s_i);
     float alpha[2] = {1.f, 1.f};
     uint32_t pn[BLOCK_N / 16][4];
-    if (more) {
-      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
-        wg::online_softmax<BLOCK_N, PV, true>(s_i, blk, m_run, l_run, alpha, pn);
-      else
-        wg::online_softmax<BLOCK_N, PV, false>(s_i, blk, m_run, l_run, alpha, pn);
-    }
+    if (more) wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
     wgmma_wait<0>();
     wgmma_pin(o);
     if (never) {
@@ -824,20 +843,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     float alpha[2];
     if constexpr (kFp8) {
       float sf[BLOCK_N / 2];
-      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
-        wg::softmax_probs<BLOCK_N, true, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
-      else
-        wg::softmax_probs<BLOCK_N, false, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+      wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
       uint32_t pa[BLOCK_N / 32][4];
       wg::pack_p8_frags<BLOCK_N>(sf, pa);
       if constexpr (!TWO_LEVEL) rescale_o(alpha);
       issue_products(kb, pa);
     } else {
       uint32_t pa[BLOCK_N / 16][4];
-      if (!SAGE_WG_MASK_BRANCH || blk.need_mask)  // warp-uniform
-        wg::online_softmax<BLOCK_N, PV, true>(s_i, blk, m_run, l_run, alpha, pa);
-      else
-        wg::online_softmax<BLOCK_N, PV, false>(s_i, blk, m_run, l_run, alpha, pa);
+      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
       rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
       issue_products(kb, pa);
     }
