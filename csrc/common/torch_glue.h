@@ -249,4 +249,35 @@ std::tuple<at::Tensor, at::Tensor> run_attention(const char* op_namespace, const
   return {out, lse};
 }
 
+// The kernels of an FP8 P.V family (sm89, sm90_fp8).
+using AttnFp8Launcher = cudaError_t (*)(const AttnParams&, PvAccum, DType, cudaStream_t);
+struct Fp8Kernels {
+  QuantInt8Launcher quant_int8;
+  QuantFp8Launcher quant_v_fp8;
+  AttnFp8Launcher attn_hd64, attn_hd128;
+};
+
+// An FP8 P.V family's attention op after its own argument checks and under its device guard:
+// INT8 Q/K, V to e4m3 (V's per-channel amax maps to v_max), then the family's kernels.
+inline std::tuple<at::Tensor, at::Tensor> run_fp8_attention(
+    const char* op_namespace, const Fp8Kernels& kernels, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, bool hnd, QuantGran gran, PvAccum accum, bool is_causal, double sm_scale,
+    bool smooth_k, bool smooth_v, bool return_lse, double v_max) {
+  const QuantizedQK qk = quantize_qk(kernels.quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
+  std::tie(v8, v_scale, v_mean) = quant_v_fp8(kernels.quant_v_fp8, v, hnd, smooth_v, v_max);
+  const DType od = dtype_of(q);
+  return run_attention(
+      op_namespace, q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,
+      [&](AttnParams& p) {
+        TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
+        p.v = v8.data_ptr();
+        p.v_scale = v_scale.data_ptr<float>();
+        p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
+      },
+      [&](const AttnParams& p, cudaStream_t stream) {
+        return (qk.Q.D == 64 ? kernels.attn_hd64 : kernels.attn_hd128)(p, accum, od, stream);
+      });
+}
+
 }  // namespace sage::glue

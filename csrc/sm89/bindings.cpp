@@ -50,24 +50,10 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::QuantizedQK qk = glue::quantize_qk(&sm89::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
-  at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
-  std::tie(v8, v_scale, v_mean) =
-      glue::quant_v_fp8(&sm89::quant_v_fp8, v, hnd, smooth_v,
-                        accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : glue::kFp8Max);
-
-  const DType od = glue::dtype_of(q);
-  return glue::run_attention(
-      "sageattention_sm89", q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,
-      [&](AttnParams& p) {
-        TORCH_CHECK(v8.size(3) == p.k_pad, "internal: V and K padding differ");
-        p.v = v8.data_ptr();
-        p.v_scale = v_scale.data_ptr<float>();
-        p.v_mean = smooth_v ? v_mean.data_ptr<float>() : nullptr;
-      },
-      [&](const AttnParams& p, cudaStream_t stream) {
-        return qk.Q.D == 64 ? attn_hd64(p, accum, od, stream) : attn_hd128(p, accum, od, stream);
-      });
+  const glue::Fp8Kernels kernels{&sm89::quant_int8, &sm89::quant_v_fp8, &attn_hd64, &attn_hd128};
+  return glue::run_fp8_attention("sageattention_sm89", kernels, q, k, v, hnd, gran, accum, is_causal,
+                                 sm_scale, smooth_k, smooth_v, return_lse,
+                                 accum == PvAccum::kF32F16 ? kFp8VMaxFp16Inner : glue::kFp8Max);
 }
 
 }  // namespace
