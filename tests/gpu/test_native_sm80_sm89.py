@@ -423,21 +423,6 @@ def test_fp16_cuda_function_runs_the_sm90_family_for_fp32_accumulation():
         assert sa.last_backend() == "cuda-sm80-fp16"
 
 
-def test_sm90_ops_refuse_other_gpus_in_words():
-    cap = torch.cuda.get_device_capability()
-    if cap == ONLY_ON["sm90"]:
-        pytest.skip("needs a GPU other than compute capability 9.0 (this one runs the family)")
-    reason = native.available_families()["sm90"]
-    if reason is not None:
-        pytest.skip(reason)
-    q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
-    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
-        torch.ops.sageattention_sm90.qk_int8_pv_fp16(q, k, v, "HND", False, 0.1, "per_warp", "fp32",
-                                                     True, False)
-    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
-        torch.ops.sageattention_sm90.quant_int8(q, None, "HND", "per_warp", False, 1.0)
-
-
 # --- the sm90_fp8 family: what only it needs ------------------------------------------------
 
 def test_sm90_fp8_op_names_the_accepted_accumulation():
@@ -470,18 +455,27 @@ def test_fp8_cuda_functions_run_the_sm90_fp8_family_for_its_accumulations():
         assert sa.last_backend() == "cuda-sm89-fp8"
 
 
-def test_sm90_fp8_ops_refuse_other_gpus_in_words():
+# Each sm_90a family's raw ops, called on any other GPU: (op name, its arguments from q, k, v).
+_SM90A_RAW_CALLS = {
+    "sm90": [("qk_int8_pv_fp16", lambda q, k, v: (q, k, v, "HND", False, 0.1, "per_warp", "fp32", True, False)),
+             ("quant_int8", lambda q, k, v: (q, None, "HND", "per_warp", False, 1.0))],
+    "sm90_fp8": [("qk_int8_pv_fp8", lambda q, k, v: (q, k, v, "HND", False, 0.1, "per_warp", "fp32+fp32",
+                                                     True, False, False)),
+                 ("quant_int8", lambda q, k, v: (q, None, "HND", "per_warp", False, 1.0)),
+                 ("quant_v_fp8", lambda q, k, v: (v, "HND", False))],
+}
+
+
+@pytest.mark.parametrize("fam", sorted(_SM90A_RAW_CALLS))
+def test_sm90a_ops_refuse_other_gpus_in_words(fam):
     cap = torch.cuda.get_device_capability()
-    if cap == ONLY_ON["sm90_fp8"]:
+    if cap == ONLY_ON[fam]:
         pytest.skip("needs a GPU other than compute capability 9.0 (this one runs the family)")
-    reason = native.available_families()["sm90_fp8"]
+    reason = native.available_families()[fam]
     if reason is not None:
         pytest.skip(reason)
-    ops = torch.ops.sageattention_sm90_fp8
+    ops = getattr(torch.ops, f"sageattention_{fam}")
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
-    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
-        ops.qk_int8_pv_fp8(q, k, v, "HND", False, 0.1, "per_warp", "fp32+fp32", True, False, False)
-    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
-        ops.quant_int8(q, None, "HND", "per_warp", False, 1.0)
-    with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
-        ops.quant_v_fp8(v, "HND", False)
+    for op, args in _SM90A_RAW_CALLS[fam]:
+        with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
+            getattr(ops, op)(*args(q, k, v))
