@@ -16,6 +16,9 @@ from importlib import resources
 import torch
 
 SDPA = "sdpa"
+# CUDA's limit on a launch grid's y and z dims: every quantized kernel (native and Triton) puts the
+# query heads and the batch there, so a call with more of either runs on SDPA.
+MAX_GRID_YZ = 65535
 BACKEND_NAMES = ("cuda-sm90-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "cuda-sm80-fp16",
                  "cuda-sm75-fp16", "triton-fp16", "triton-fp8", SDPA)
 
@@ -39,6 +42,7 @@ class Backend:
     takes_smooth_v: bool
     takes_dropout: bool = False
     takes_grad: bool = False
+    max_batch_and_heads: int | None = MAX_GRID_YZ  # None: no limit (SDPA)
 
     def serves(self, capability: tuple[int, int] | None) -> bool:
         """Whether this backend runs on a device of this capability (None: CPU)."""
@@ -121,7 +125,7 @@ def capability_table() -> tuple[Backend, ...]:
         name=SDPA, kind="sdpa", family=None, op=None, capabilities=frozenset(), min_capability=None,
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64}), head_dims=None,
         qk_quant_grans=(), pv_accum_dtypes=(), default_pv_accum_dtype=None, takes_mask=True, takes_smooth_v=True,
-        takes_dropout=True, takes_grad=True))
+        takes_dropout=True, takes_grad=True, max_batch_and_heads=None))
     assert tuple(r.name for r in rows) == BACKEND_NAMES
     return tuple(rows)
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from . import dispatch
-from .backends import SDPA, backend
+from .backends import MAX_GRID_YZ, SDPA, backend
 from .dispatch import BackendChoice, log_once, record_backend
 from .inputs import (PV_ACCUM_DTYPES_FP8, PV_ACCUM_DTYPES_FP16, QUANTIZATION_BACKENDS, SAGEATTN_KEYWORDS,
                      AttnCall, check_bool, check_choice, check_varlen, parse_call, resolve_sm_scale,
@@ -90,8 +90,14 @@ def _run_sdpa(call: AttnCall, q, k, v):
         # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
         # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
         qh, kh, vh = qh.float(), kh.float(), vh.float()
+    gqa = p.q_heads != p.kv_heads
+    if gqa and p.q_heads > MAX_GRID_YZ:
+        # SDPA's enable_gqa returned a wrong output (cosine 0 against fp32) with 70000 query heads on
+        # one kv head (torch 2.11, H200, benchmarks/gpu_dev_sdpa_gqa.py); each q head its kv head's copy.
+        group = p.q_heads // p.kv_heads
+        kh, vh, gqa = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1), False
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
-                      scale=call.sm_scale, enable_gqa=p.q_heads != p.kv_heads).to(p.dtype)
+                      scale=call.sm_scale, enable_gqa=gqa).to(p.dtype)
     if p.tensor_layout == "NHD":
         out = out.transpose(1, 2).contiguous()
     lse = _sdpa_lse(qh, kh, mask, call.is_causal, call.sm_scale) if call.return_lse else None

@@ -76,6 +76,8 @@ class Request:
     pv_accum_dtype: str | None = None
     smooth_v: bool = False
     batch_heads: int | None = None  # batch * query heads
+    batch: int | None = None
+    q_heads: int | None = None
     seq_q: int | None = None
     seq_k: int | None = None
     causal: bool = False
@@ -276,6 +278,19 @@ def _input_reason(req: Request, candidates: tuple[Backend, ...]) -> str | None:
     dims = [b.head_dims for b in candidates if b.head_dims is not None]
     if dims and not any(req.head_dim in d for d in dims):
         return f"head dim {req.head_dim} is not covered by the kernels ({_dims(dims)})"
+    limits = [b.max_batch_and_heads for b in candidates]
+    if limits and all(_past_grid_limit(req, limit) for limit in limits):
+        return _past_grid_limit(req, max(limits)) + " of the quantized kernels"
+    return None
+
+
+def _past_grid_limit(req: Request, limit: int | None) -> str | None:
+    """Why this call's batch or query heads do not fit a kernel's launch grid, or None."""
+    if limit is None:
+        return None
+    for what, count in (("batch", req.batch), ("query heads", req.q_heads)):
+        if count is not None and count > limit:
+            return f"{what} {count} exceeds the launch grid limit of {limit}"
     return None
 
 
@@ -308,6 +323,8 @@ def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[
         hard.append(f"dtype {req.dtype} not supported")
     if b.head_dims is not None and req.head_dim not in b.head_dims:
         hard.append(f"head dim {req.head_dim} not covered ({_dims([b.head_dims])})")
+    if too_big := _past_grid_limit(req, b.max_batch_and_heads):
+        hard.append(too_big)
     if req.has_mask and not b.takes_mask:
         hard.append("takes no attention mask")
     if req.requires_grad and not b.takes_grad:
@@ -480,7 +497,7 @@ def request_for(call: AttnCall) -> Request:
                    head_dim=p.head_dim, has_mask=call.attn_mask is not None, requires_grad=p.requires_grad,
                    dropout=call.dropout_p > 0, qk_quant_gran=call.qk_quant_gran,
                    pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v,
-                   batch_heads=p.batch * p.q_heads, seq_q=p.q_len, seq_k=p.kv_len, causal=call.is_causal,
+                   batch_heads=p.batch * p.q_heads, batch=p.batch, q_heads=p.q_heads, seq_q=p.q_len, seq_k=p.kv_len, causal=call.is_causal,
                    return_lse=call.return_lse)
 
 

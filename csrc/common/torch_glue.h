@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "attn_params.h"
+#include "grid_limits.h"
 #include "message.h"
 
 namespace sage::glue {
@@ -57,6 +58,13 @@ inline at::Tensor vector_friendly(const at::Tensor& x) {
   return c;
 }
 
+// Batch and heads ride the launch grid's y/z dims (grid_limits.h).
+inline void check_grid_limit(const View& X, const char* name) {
+  TORCH_CHECK(X.B <= kMaxGridYZ && X.H <= kMaxGridYZ, name, " has batch ", num(X.B), " and ", num(X.H),
+              " heads; the kernels take at most ", num(kMaxGridYZ), " of each (split the call, or use "
+              "sageattn, which runs such calls on PyTorch SDPA)");
+}
+
 inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool hnd) {
   for (const auto* t : {&q, &k, &v}) {
     TORCH_CHECK(t->is_cuda(), "q, k and v must be CUDA tensors");
@@ -74,6 +82,7 @@ inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   TORCH_CHECK(K.H > 0 && Q.H % K.H == 0, "q heads (", num(Q.H), ") must be a multiple of kv heads (",
               num(K.H), ")");
   TORCH_CHECK(Q.N > 0 && K.N > 0, "q and k need at least one token");
+  check_grid_limit(Q, "q");
 }
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -92,6 +101,7 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
   TORCH_CHECK(X.D % 8 == 0 && X.D <= 256, "head dim must be a multiple of 8 up to 256, got ", num(X.D));
+  check_grid_limit(X, "x");
   const int block = is_key ? 64 : (gran == QuantGran::kPerBlock ? 128 : 32);
   const int groups = gran != QuantGran::kPerThread ? 1 : (is_key ? 4 : 8);
   const int64_t pad = round_up(X.N, is_key ? 64 : 128);
@@ -149,6 +159,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
   const at::Tensor v = vector_friendly(v_in);
   const View V = view_of(v, hnd);
   TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
+  check_grid_limit(V, "v");
   const int64_t tok_dim = hnd ? 2 : 1;
   auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
   at::Tensor mean, amax;

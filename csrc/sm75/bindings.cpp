@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "../common/grid_limits.h"
 #include "../common/message.h"
 #include "launchers.h"
 
@@ -85,6 +86,9 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
   TORCH_CHECK(sq.n > 0 && sk.n > 0 && sq.b > 0, "sageattention_sm75: empty input (batch ", num(sq.b),
               ", q tokens ", num(sq.n), ", kv tokens ", num(sk.n), ")");
   TORCH_CHECK(sq.n < (1LL << 30) && sk.n < (1LL << 30), "sageattention_sm75: sequence too long");
+  TORCH_CHECK(sq.b <= sage::kMaxGridYZ && sq.h <= sage::kMaxGridYZ, "sageattention_sm75: q has batch ",
+              num(sq.b), " and ", num(sq.h), " heads; the kernels take at most ", num(sage::kMaxGridYZ),
+              " of each (split the call, or use sageattn, which runs such calls on PyTorch SDPA)");
 
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();

@@ -20,6 +20,8 @@ import os
 
 import torch
 
+from sageattention.backends import MAX_GRID_YZ  # the kernels' grids carry heads and batch in y and z
+
 MIN_CAPABILITY = (8, 0)
 MAX_HEAD_DIM = 256
 # The FP8-PV kernel (attn_fp8.py): FP8 tensor cores, tiles sized for head dims up to 128.
@@ -28,7 +30,6 @@ MAX_HEAD_DIM_FP8 = 128
 PV_DTYPES = ("fp16", "fp8")
 DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("HND", "NHD")
-MAX_GRID_YZ = 65535  # CUDA's limit on grid dims y and z, which carry heads and batch
 
 
 def _interpreting() -> bool:

@@ -86,6 +86,18 @@ def test_cpu_fallback_is_exactly_sdpa(causal, nq, nk):
     assert sa.last_backend() == "sdpa"
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_gqa_fallback_past_the_grid_limit_expands_kv(causal, monkeypatch):
+    # Past the limit, the fallback gives each query head its kv head's copy instead of enable_gqa
+    # (wrong on CUDA there); the limit is made small here so that the path runs on CPU.
+    q, k, v = qkv(hq=8, hkv=2)
+    monkeypatch.setattr(core, "MAX_GRID_YZ", 4)
+    out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True)
+    torch.testing.assert_close(out, sdpa(q, k, v, is_causal=causal), rtol=0, atol=1e-3)
+    monkeypatch.undo()
+    assert torch.equal(lse, sa.sageattn(q, k, v, is_causal=causal, return_lse=True)[1])
+
+
 def test_nhd_fallback_is_exactly_sdpa():
     q, k, v = qkv(layout="NHD")
     out = sa.sageattn(q, k, v, tensor_layout="NHD", sm_scale=0.3)

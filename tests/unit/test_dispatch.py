@@ -5,6 +5,7 @@ import json
 import logging
 import threading
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import sageattention as sa
 from sageattention import backends, dispatch
 from sageattention.dispatch import BackendUnavailableError, Inventory, Request, choose
 
+REPO = Path(__file__).resolve().parents[2]
 ALL = ("sm75", "sm80", "sm89", "sm90", "sm90_fp8")
 
 
@@ -164,6 +166,9 @@ def test_reason_names_skipped_backends():
     ({"head_dim": 96}, (9, 0), False, "sdpa", "head dim 96"),
     ({"head_dim": 96}, (7, 5), True, "sdpa", "head dim 96 is not covered"),
     ({"head_dim": 512}, (9, 0), True, "sdpa", "head dim 512"),
+    ({"batch": 65536, "q_heads": 1}, (9, 0), True, "sdpa", "batch 65536 exceeds the launch grid limit of 65535"),
+    ({"batch": 1, "q_heads": 70000}, (8, 0), True, "sdpa", "query heads 70000 exceeds the launch grid limit"),
+    ({"batch": 65535, "q_heads": 65535}, (9, 0), True, "cuda-sm90-fp16", ""),
 ])
 def test_fallbacks(request_kw, cap, triton, expect, reason):
     base = {"capability": cap, **request_kw}
@@ -268,9 +273,19 @@ def test_kernel_function_without_its_family_is_a_clear_error():
         choose(req((9, 0)), inv("sm75"), candidates=("cuda-sm89-fp8",), allow_fallback=False)
 
 
+def test_grid_limit_is_the_one_the_kernels_refuse_past():
+    header = (REPO / "csrc" / "common" / "grid_limits.h").read_text()
+    assert f"constexpr int64_t kMaxGridYZ = {backends.MAX_GRID_YZ};" in header
+    from sageattention import triton as triton_backend
+    assert triton_backend.MAX_GRID_YZ is backends.MAX_GRID_YZ
+    assert backends.backend("sdpa").max_batch_and_heads is None
+    assert all(backends.backend(n).max_batch_and_heads == backends.MAX_GRID_YZ
+               for n in backends.BACKEND_NAMES if n != "sdpa")
+
+
 def test_kernel_function_falls_back_when_the_input_needs_sdpa():
     for kw in ({"has_mask": True}, {"dtype": torch.float32}, {"device_type": "cpu", "capability": None},
-               {"requires_grad": True}, {"head_dim": 80}):
+               {"requires_grad": True}, {"head_dim": 80}, {"batch": 70000}, {"q_heads": 70000}):
         choice = choose(req(**kw), inv(), candidates=("cuda-sm89-fp8",), allow_fallback=False)
         assert choice.name == "sdpa" and choice.fallback, kw
 
@@ -294,6 +309,8 @@ def test_forcing_a_usable_backend():
     ("cuda-sm80-fp16", {}, "not in this build"),
     ("cuda-sm89-fp8", {"has_mask": True}, "takes no attention mask"),
     ("triton-fp16", {"device_type": "cpu", "capability": None}, "CUDA"),
+    ("cuda-sm89-fp8", {"batch": 70000}, "batch 70000 exceeds the launch grid limit of 65535"),
+    ("triton-fp16", {"q_heads": 70000}, "query heads 70000 exceeds the launch grid limit"),
 ])
 def test_forcing_an_unusable_backend_is_an_error(name, kw, match):
     with pytest.raises(BackendUnavailableError, match=match):
