@@ -92,8 +92,9 @@ def _run_sdpa(call: AttnCall, q, k, v):
         qh, kh, vh = qh.float(), kh.float(), vh.float()
     gqa = p.q_heads != p.kv_heads
     if gqa and p.q_heads > MAX_GRID_YZ:
-        # SDPA's enable_gqa returned a wrong output (cosine 0 against fp32) with 70000 query heads on
-        # one kv head (torch 2.11, H200, benchmarks/gpu_dev_sdpa_gqa.py); each q head its kv head's copy.
+        # SDPA's enable_gqa (cuDNN, its default there) returned a wrong output, cosine 0 against fp32,
+        # with 65536 or more query heads per kv head (torch 2.11, H200: benchmarks/results/
+        # h200-2026-12-03-sdpa-gqa.txt); so past the grid limit each q head gets its kv head's copy.
         group = p.q_heads // p.kv_heads
         kh, vh, gqa = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1), False
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
