@@ -287,7 +287,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     scale = resolve_sm_scale(sm_scale, options["scale"], problem.head_dim)
     req = dispatch.Request(device_type=problem.device.type,
                            capability=dispatch.device_capability(problem.device), dtype=problem.dtype,
-                           head_dim=problem.head_dim, requires_grad=problem.requires_grad)
+                           head_dim=problem.head_dim, requires_grad=problem.requires_grad,
+                           batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads)
     forced = dispatch.forced_backend()
     choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
                              allow_fallback=True, forced=forced)

@@ -1,6 +1,7 @@
 """The public API: signatures, the exact SDPA fallback, empty and strided inputs, and how the
 quantized backends are called (through stand-in modules, since this machine has no GPU)."""
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -232,6 +233,21 @@ def test_varlen_fallback_is_sdpa_per_sequence(causal):
         ref = sdpa(q[a:b].transpose(0, 1)[None], k[c:d].transpose(0, 1)[None], v[c:d].transpose(0, 1)[None],
                    is_causal=causal, scale=0.2)[0].transpose(0, 1)
         assert torch.equal(out[a:b], ref)
+
+
+def test_varlen_request_carries_sequence_count_and_heads(monkeypatch):
+    # The sequence count and the query heads reach the dispatcher, which holds them to the Triton
+    # kernel's launch grid (past it: SDPA per sequence).
+    seen = []
+    real_choose = dispatch.choose
+    monkeypatch.setattr(dispatch, "choose", lambda req, *a, **kw: seen.append(req) or real_choose(req, *a, **kw))
+    q, k, v, cu_q, cu_k = packed((3, 4, 5), (2, 2, 6), hq=6, hkv=3)
+    sa.sageattn_varlen(q, k, v, cu_q, cu_k, 5, 6)
+    assert (seen[-1].batch, seen[-1].q_heads) == (3, 6)
+    past = dataclasses.replace(seen[-1], device_type="cuda", capability=(9, 0), batch=70000)
+    inv = dispatch.Inventory(native={}, triton=(True, "ok"))
+    choice = real_choose(past, inv, candidates=("triton-fp16",), allow_fallback=True)
+    assert choice.fallback and "batch 70000 exceeds the launch grid limit" in choice.reason
 
 
 # --- the quantized paths, through stand-in modules ------------------------------------------
