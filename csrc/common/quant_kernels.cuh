@@ -27,6 +27,21 @@ __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
   return __bfloat162float(x);
 }
 
+// The two 16-bit values of a 32-bit word as floats (the lower one in .x), by bit operations for
+// bfloat16: element-wise conversion had ptxas split and spill the halves (quant_v_fp8_kernel).
+template <typename T>
+__device__ __forceinline__ float2 unpack_pair(uint32_t w);
+template <>
+__device__ __forceinline__ float2 unpack_pair<__half>(uint32_t w) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(w));
+  return __half22float2(h);
+}
+template <>
+__device__ __forceinline__ float2 unpack_pair<__nv_bfloat16>(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
 // Group of a token inside its block. per_thread follows the mma fragment layout:
 // Q rows g and g+8 of a 16-row tile (token % 8); K columns 2t, 2t+1 of an n8 tile ((token % 8) / 2).
 __device__ __forceinline__ int group_in_block(int token_in_block, int groups_per_block) {
@@ -183,30 +198,87 @@ __host__ __device__ __forceinline__ int perm16(int q) {
 }
 
 constexpr int kVBlock = 64;
+constexpr int kVMaxHeadDim = 128;
+// Row pitch of the byte tile: 33 words, so the 16 tokens of one channel that a warp reads at once
+// in the transposed pass fall in distinct banks but for pairs 32 tokens apart.
+constexpr int kVTilePitch = kVMaxHeadDim + 4;
+constexpr int kVChunksPerThread = kVBlock * (kVMaxHeadDim / 8) / kQuantThreads;  // 8
 
 // Grid: (n_blocks of 64 tokens, H, B). scale/mean: fp32 [B, H, D] (mean may be null).
-template <typename T>
-__global__ void __launch_bounds__(kQuantThreads) quant_v_fp8_kernel(QuantFp8Params p) {
+// Pass 1 reads the block's tokens, divides each value by its channel's scale exactly
+// (ExactDivisor: the same quotient as IEEE division, as the reference computes it; quotients too
+// small for its fast path to be exact round to e4m3 zero anyway) and stores the e4m3 bytes
+// token-major in shared memory; pass 2 writes them channel-major, permuted within 16-token
+// groups. Bytes rather than floats in shared memory (8.4 KB, not 33 KB) let more CTAs share an
+// SM: the kernel is bound by memory traffic and needs many loads in flight.
+// SAME_CHANNELS: D / 8 divides the thread count (D = 8, 16, 32, 64, 128), so a thread meets the
+// same 8 channels in every chunk: their divisors and means are set up once and all its loads
+// are issued together. Otherwise each chunk sets up its own. At least 6 CTAs per SM (80 registers): 8 spill.
+template <typename T, bool SAME_CHANNELS>
+__global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n0 = blk * kVBlock;
   const int D = p.head_dim;
-  __shared__ float tile[kVBlock][129];  // +1 float: transposed reads hit different banks
+  const int chunks_per_row = D / 8, n_chunks = kVBlock * chunks_per_row;
+  __shared__ __align__(16) uint8_t tile[kVBlock * kVTilePitch];
   const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
   const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
   const float* scale = p.scale + bh * D;
   const float* mean = p.mean ? p.mean + bh * D : nullptr;
 
-  const int chunks_per_row = D / 8;
-  for (int c = threadIdx.x; c < kVBlock * chunks_per_row; c += kQuantThreads) {
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+  auto load = [&](int tok, int d0) {
+    return n0 + tok < p.tokens ? *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0)
+                               : make_uint4(0u, 0u, 0u, 0u);
+  };
+  float m[8] = {}, sb[8], sr[8];  // the 8 channels' means, scales and refined reciprocals
+  auto set_channels = [&](int d0) {
+    #pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const ExactDivisor div(scale[d0 + k]);
+      sb[k] = div.b;
+      sr[k] = div.r;
+      if (mean) m[k] = mean[d0 + k];
+    }
+  };
+  auto quantize_to_tile = [&](int tok, int d0, const uint4& raw) {
+    const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t words[2] = {0u, 0u};  // tokens past the end are stored as zeros
     if (n0 + tok < p.tokens) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
-      const T* e = reinterpret_cast<const T*>(&raw);
-      for (int i = 0; i < 8; ++i)
-        tile[tok][d0 + i] =
-            __fdiv_rn(to_f32(e[i]) - (mean ? mean[d0 + i] : 0.f), scale[d0 + i]);
-    } else {
-      for (int i = 0; i < 8; ++i) tile[tok][d0 + i] = 0.f;
+      #pragma unroll
+      for (int k = 0; k < 8; k += 2) {
+        const float2 v = unpack_pair<T>(in[k / 2]);
+        const float2 pair = make_float2(quotient_from_reciprocal(v.x - m[k], sb[k], sr[k]),
+                                        quotient_from_reciprocal(v.y - m[k + 1], sb[k + 1], sr[k + 1]));
+        // saturating, round to nearest even; pair.x in the low byte
+        const uint32_t two = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+        words[k / 4] |= two << (k % 4 == 0 ? 0 : 16);
+      }
+    }
+    uint32_t* dst = reinterpret_cast<uint32_t*>(tile + tok * kVTilePitch + d0);
+    dst[0] = words[0];
+    dst[1] = words[1];
+  };
+
+  if constexpr (SAME_CHANNELS) {
+    // chunks_per_row is a power of two: thread t takes channels d0 of tokens tok0 + i * tok_step.
+    const int shift = __ffs(chunks_per_row) - 1;
+    const int d0 = (threadIdx.x & (chunks_per_row - 1)) * 8;
+    const int tok0 = threadIdx.x >> shift, tok_step = kQuantThreads >> shift;
+    set_channels(d0);  // first: the raw chunks then wait in registers for nothing else
+    uint4 raw[kVChunksPerThread];
+    #pragma unroll
+    for (int i = 0; i < kVChunksPerThread; ++i)
+      if (tok0 + i * tok_step < kVBlock) raw[i] = load(tok0 + i * tok_step, d0);
+    #pragma unroll
+    for (int i = 0; i < kVChunksPerThread; ++i)
+      if (tok0 + i * tok_step < kVBlock) quantize_to_tile(tok0 + i * tok_step, d0, raw[i]);
+  } else {
+    #pragma unroll 1
+    for (int c = threadIdx.x; c < n_chunks; c += kQuantThreads) {
+      const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+      const uint4 raw = load(tok, d0);
+      set_channels(d0);
+      quantize_to_tile(tok, d0, raw);
     }
   }
   __syncthreads();
@@ -216,11 +288,9 @@ __global__ void __launch_bounds__(kQuantThreads) quant_v_fp8_kernel(QuantFp8Para
     const int d = w / (kVBlock / 4), q0 = (w % (kVBlock / 4)) * 4;
     const int base = q0 & ~15;
     uint32_t word = 0;
-    for (int i = 0; i < 4; ++i) {
-      const int tok = base + perm16((q0 + i) & 15);
-      const __nv_fp8_e4m3 f(tile[tok][d]);  // saturating (satfinite) conversion
-      word |= static_cast<uint32_t>(f.__x) << (8 * i);
-    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+      word |= static_cast<uint32_t>(tile[(base + perm16((q0 + i) & 15)) * kVTilePitch + d]) << (8 * i);
     *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(d) * p.padded_tokens + q0) = word;
   }
 }
@@ -254,10 +324,15 @@ inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType 
 inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype,
                                       cudaStream_t stream) {
   const dim3 grid(p.padded_tokens / kVBlock, p.heads, batch);
-  if (dtype == DType::kFloat16)
-    quant_v_fp8_kernel<__half><<<grid, kQuantThreads, 0, stream>>>(p);
-  else
-    quant_v_fp8_kernel<__nv_bfloat16><<<grid, kQuantThreads, 0, stream>>>(p);
+  auto launch = [&](auto same_channels) {
+    constexpr bool kSame = decltype(same_channels)::value;
+    if (dtype == DType::kFloat16)
+      quant_v_fp8_kernel<__half, kSame><<<grid, kQuantThreads, 0, stream>>>(p);
+    else
+      quant_v_fp8_kernel<__nv_bfloat16, kSame><<<grid, kQuantThreads, 0, stream>>>(p);
+  };
+  if (kQuantThreads % (p.head_dim / 8) == 0) launch(std::true_type{});
+  else launch(std::false_type{});
   return cudaGetLastError();
 }
 

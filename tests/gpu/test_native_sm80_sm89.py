@@ -243,19 +243,38 @@ def test_quant_int8_matches_reference(fam):
 
 
 @pytest.mark.parametrize("fam", FP8_FAMILIES)
-def test_quant_v_fp8_layout(fam):
+@pytest.mark.parametrize("d,n,dtype,smooth_v,layout", [
+    (64, 100, torch.float16, True, "HND"), (128, 300, torch.float16, False, "HND"),
+    (128, 129, torch.bfloat16, True, "NHD"), (64, 64, torch.bfloat16, False, "NHD"),
+    (40, 150, torch.float16, True, "HND"),   # D / 8 = 5: the path that sets up channels per chunk
+    (8, 70, torch.bfloat16, True, "HND")])
+def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
+    # Bit for bit what the reference computes: (v - mean) / scale in fp32, one IEEE division, then
+    # a saturating e4m3 cast; scale = max(amax / 448, 1e-8); the stored layout [B, H, D, Npad],
+    # tokens permuted within 16-token groups, zeros past the end.
     mod = family(fam)
-    v = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
-    v8, scale, mean = mod.quant_v_fp8(v, tensor_layout="HND", smooth_v=True)
-    assert v8.shape == (1, 2, 64, 128) and v8.dtype == torch.float8_e4m3fn
-    vm = v.float().mean(dim=2)
-    assert torch.allclose(mean, vm, atol=1e-6)
-    expected = ((v.float() - vm[:, :, None]) / scale[:, :, None]).to(torch.float8_e4m3fn).float()
+    v_hnd = torch.randn(2, 3, n, d, device="cuda", dtype=dtype) * 3
+    v_hnd[0, 1, :, 0] = 0  # an all-zero channel takes the scale floor
+    v = v_hnd if layout == "HND" else v_hnd.transpose(1, 2).contiguous()
+    v8, scale, mean = mod.quant_v_fp8(v, tensor_layout=layout, smooth_v=smooth_v)
+    n_pad = (n + 63) // 64 * 64
+    assert v8.shape == (2, 3, d, n_pad) and v8.dtype == torch.float8_e4m3fn
+    vf = v_hnd.float()
+    if smooth_v:
+        assert torch.allclose(mean, vf.mean(dim=2), atol=1e-5)
+        centred = vf - mean[:, :, None]
+        amax = torch.maximum(vf.amax(dim=2) - mean, mean - vf.amin(dim=2))
+    else:
+        assert mean.numel() == 0
+        centred = vf
+        amax = vf.abs().amax(dim=2)
+    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(1e-8))
+    expected = (centred / scale[:, :, None]).to(torch.float8_e4m3fn).float()
     perm = torch.tensor([2 * (p >> 2) + (p & 1) + 8 * ((p & 3) >> 1) for p in range(16)])
-    tokens = torch.cat([perm + 16 * i for i in range(8)])  # stored position -> token
-    got = torch.zeros(1, 2, 128, 64, device="cuda")
+    tokens = torch.cat([perm + 16 * i for i in range(n_pad // 16)])  # stored position -> token
+    got = torch.zeros(2, 3, n_pad, d, device="cuda")
     got[:, :, tokens] = v8.float().transpose(-1, -2)
-    assert torch.equal(got[:, :, :100], expected) and not got[:, :, 100:].any()
+    assert torch.equal(got[:, :, :n], expected) and not got[:, :, n:].any()
 
 
 @pytest.mark.parametrize("fam", SPEC)
