@@ -1,8 +1,9 @@
-"""The INT8 quantization's division (csrc/common/exact_div.h) run on the host against IEEE division.
+"""The quantization kernels' division (csrc/common/exact_div.h) run on the host against IEEE division.
 
-The kernel computes round(v / scale) with one hardware reciprocal per scale and the quotient
+The INT8 kernel computes round(v / scale) with one hardware reciprocal per scale and the quotient
 steps of exact_div.h instead of __fdiv_rn, claiming the same float, hence the same int8, for every
-scale and value the kernel sees (scale normal, |v / scale| <= 127). The hardware reciprocal is
+scale and value the kernel sees (scale normal, |v / scale| <= 127). The FP8 V kernel does the same
+with |v / scale| <= 448 and casts the quotient to e4m3, so equal floats suffice there. The hardware reciprocal is
 within 1 ulp of 1/scale; here it is emulated anywhere within 2 ulp. The GPU test
 (tests/gpu/test_native_sm80_sm89.py) checks the kernel itself against sageattention.reference.
 """
@@ -33,16 +34,18 @@ static int magic_round(float q) {
 
 int main(int argc, char** argv) {
   const long long trials = std::atoll(argv[1]);
+  const float qmax = std::atof(argv[2]);  // 127: INT8 Q/K; 448: e4m3 V
   std::mt19937_64 rng(12345);
   std::uniform_real_distribution<double> mant(1.0, 2.0);
   std::uniform_int_distribution<int> exp_b(-27, 119), off(-2, 2);
   long long checked = 0, wrong_quotient = 0, wrong_int = 0;
   for (long long i = 0; i < trials; ++i) {
     const float b = std::ldexp((float)mant(rng), exp_b(rng));   // 7e-9 .. 1.3e36: the kernel's scales
-    const float amax = b * 127.f;
+    const float amax = b * qmax;
+    if (!std::isfinite(amax)) continue;                                     // no such scale exists
     float a;
     switch (i % 5) {
-      case 0: a = (float)(((double)(rng() % 127) + 0.5) * b); break;          // next to a tie
+      case 0: a = (float)(((double)(rng() % (int)qmax) + 0.5) * b); break;    // next to a tie
       case 1: a = amax; break;                                              // the largest value
       case 2: a = std::ldexp((float)mant(rng), std::ilogb(amax) - 140); break; // tiny, even subnormal
       default: a = std::ldexp((float)mant(rng), std::ilogb(amax) - (int)(rng() % 30));
@@ -54,7 +57,7 @@ int main(int argc, char** argv) {
     const float ieee = a / b;
     ++checked;
     if (q != ieee && !(std::fabs(ieee) < 0x1p-100f)) ++wrong_quotient;  // a tiny one rounds to 0 anyway
-    if (magic_round(q) != (int)std::nearbyint(ieee)) ++wrong_int;
+    if (qmax <= 127.f && magic_round(q) != (int)std::nearbyint(ieee)) ++wrong_int;
   }
   std::printf("%lld %lld %lld\n", checked, wrong_quotient, wrong_int);
   return 0;
@@ -76,8 +79,17 @@ def driver(tmp_path_factory):
 
 
 def test_quotient_steps_equal_ieee_division_and_round_the_same(driver):
-    out = subprocess.run([str(driver), "3000000"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(driver), "3000000", "127"], check=True, capture_output=True, text=True).stdout
     checked, wrong_quotient, wrong_int = (int(x) for x in out.split())
     assert checked > 2_500_000
     assert wrong_quotient == 0
     assert wrong_int == 0
+
+
+def test_quotient_steps_equal_ieee_division_up_to_the_e4m3_range(driver):
+    # quant_v_fp8_kernel: |v / scale| <= 448; a quotient the check exempts (below 2^-100) is far
+    # below e4m3's smallest step (2^-9) and casts to zero either way.
+    out = subprocess.run([str(driver), "3000000", "448"], check=True, capture_output=True, text=True).stdout
+    checked, wrong_quotient, _ = (int(x) for x in out.split())
+    assert checked > 2_500_000
+    assert wrong_quotient == 0
