@@ -335,6 +335,11 @@ def _limitations_section(report, sms, families, add) -> None:
             f"Triton or SDPA path.")
         add("- The native kernels take no attention mask: masked calls use the Triton mask "
             "kernels where the GPU supports them, else the PyTorch SDPA fallback.")
+        limits = {row.get("max_batch_and_heads") for row in table
+                  if isinstance(row, dict) and row.get("kind") != "sdpa"} - {None}
+        if limits:  # CUDA's grid limit (sageattention/backends.py, MAX_GRID_YZ)
+            add(f"- The quantized kernels take at most {min(limits)} batch entries and at most "
+                f"as many query heads; larger calls run on the PyTorch SDPA fallback.")
         for row in table:
             low = row.get("min_capability") if isinstance(row, dict) else None
             if row.get("kind") == "triton" and isinstance(low, list) and len(low) == 2 \

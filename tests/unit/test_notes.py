@@ -106,6 +106,19 @@ def test_limitations_come_from_the_family_table():
     assert "per_thread" not in sm90.split("## Known SM90 limitations")[1].split("##")[0]
 
 
+def test_grid_limit_is_stated_when_the_report_carries_it():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    line = "The quantized kernels take at most 65535 batch entries and at most as many query heads"
+    rows = [r for r in doc["backends_table"] if isinstance(r, dict)]
+    for r in rows:
+        r.pop("max_batch_and_heads", None)
+    assert line not in notes.render(doc, f"{STEM90}.report.json")  # an older report: not claimed
+    for r in rows:
+        r["max_batch_and_heads"] = None if r.get("kind") == "sdpa" else 65535
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert line in text.split("## Known SM90 limitations")[1].split("##")[0]
+
+
 def test_a_report_with_the_sm90_fp8_family_names_its_backend_and_modes():
     doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
     table = json.loads(notes.FAMILIES_JSON.read_text())["families"]
