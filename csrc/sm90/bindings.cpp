@@ -2,6 +2,7 @@
 // The op schemas are defined here once; fake implementations live in sageattention/native/sm90.py.
 #include <Python.h>
 
+#include "../common/op_schemas.h"
 #include "../common/torch_glue.h"
 #include "launchers.h"
 
@@ -59,13 +60,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
 }  // namespace sage::sm90
 
 TORCH_LIBRARY(sageattention_sm90, m) {
-  m.def(
-      "quant_int8(Tensor x, Tensor? mean, str tensor_layout, str qk_quant_gran, bool is_key, "
-      "float scale_mult) -> (Tensor, Tensor)");
-  m.def(
-      "qk_int8_pv_fp16(Tensor q, Tensor k, Tensor v, str tensor_layout, bool is_causal, "
-      "float sm_scale, str qk_quant_gran, str pv_accum_dtype, bool smooth_k, bool return_lse) "
-      "-> (Tensor, Tensor)");
+  m.def(sage::schema::kQuantInt8);
+  m.def(sage::schema::kQkInt8PvFp16);
 }
 
 TORCH_LIBRARY_IMPL(sageattention_sm90, CUDA, m) {

@@ -1,7 +1,7 @@
 """No-GPU tests of the Python side of the FP8 families (sm89, sm90_fp8): one schema set, one set of
 fakes and call helpers in sageattention.native, used by both family modules.
 
-The op schemas are read from csrc/<family>/bindings.cpp (where they are defined once) and
+The op schemas are read from the C++ sources (csrc/common/op_schemas.h, where they are defined once) and
 registered in a test-only namespace with the shared fakes behind them, so each family module's
 calls and the fakes' output shapes are checked on meta tensors, without the extensions.
 """
@@ -14,27 +14,17 @@ import pytest
 import torch
 
 import sageattention.native as native
+from bindings_source import bindings_text, family_schemas
 from sageattention.native import sm89, sm90_fp8
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = {"sm89": sm89, "sm90_fp8": sm90_fp8}
 
 
-def _bindings(family: str) -> str:
-    return (ROOT / "csrc" / family / "bindings.cpp").read_text()
-
-
-def _schemas(family: str) -> list[str]:
-    body = re.search(rf"TORCH_LIBRARY\(sageattention_{family}, m\) \{{(.*?)\n\}}", _bindings(family), re.S)
-    assert body, f"no TORCH_LIBRARY block in csrc/{family}/bindings.cpp"
-    defs = re.findall(r"m\.def\(\s*((?:\"[^\"]*\"\s*)+)\);", body.group(1))
-    return ["".join(re.findall(r'"([^"]*)"', d)) for d in defs]
-
-
 def test_the_fp8_families_define_one_schema_set():
-    schemas = _schemas("sm89")
+    schemas = family_schemas("sm89")
     assert [s.split("(")[0] for s in schemas] == ["quant_int8", "quant_v_fp8", "qk_int8_pv_fp8"]
-    assert _schemas("sm90_fp8") == schemas
+    assert family_schemas("sm90_fp8") == schemas
     for family, module in MODULES.items():
         assert module.NAMESPACE == f"sageattention_{family}"
         assert module.EXTENSION == native.FAMILIES[family]["extension"]
@@ -44,13 +34,13 @@ def test_the_fp8_families_define_one_schema_set():
 @pytest.mark.parametrize("family", MODULES)
 def test_bindings_accept_the_accumulations_of_the_family_table(family):
     # parse_accum's accepted strings are families.json's pv_accum_dtype for that family
-    body = re.search(r"PvAccum parse_accum\(const std::string& a\) \{(.*?)\n\}", _bindings(family), re.S)
+    body = re.search(r"PvAccum parse_accum\(const std::string& a\) \{(.*?)\n\}", bindings_text(family), re.S)
     accepted = re.findall(r'if \(a == "([^"]+)"\) return', body.group(1))
     assert sorted(accepted) == sorted(native.FAMILIES[family]["pv_accum_dtype"])
 
 
 def test_sm90_fp8_ops_all_check_for_compute_capability_9_0():
-    text = _bindings("sm90_fp8")
+    text = bindings_text("sm90_fp8")
     ops = re.findall(r"\n(?:std::tuple<[^\n]*>) (\w+_op)\(", text)
     assert sorted(ops) == ["qk_int8_pv_fp8_op", "quant_int8_op", "quant_v_fp8_op"]
     for op in ops:
@@ -67,7 +57,7 @@ def family_on_schema(request, monkeypatch):
     module = MODULES[family]
     namespace = f"sageattention_{family}_schema_test"
     lib = torch.library.Library(namespace, "DEF")
-    for schema in _schemas(family):
+    for schema in family_schemas(family):
         lib.define(schema)
     monkeypatch.setattr(module, "NAMESPACE", namespace)
     module._register_fakes()

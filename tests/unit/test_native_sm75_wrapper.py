@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sageattention.native import sm75
+from bindings_source import family_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_NAMESPACE = "sageattention_sm75_schema_test"
@@ -21,10 +22,8 @@ KWARGS = dict(tensor_layout="HND", is_causal=True, sm_scale=0.125, pv_accum_dtyp
 
 
 def _schema() -> str:
-    text = (ROOT / "csrc" / "sm75" / "bindings.cpp").read_text()
-    body = re.search(r'TORCH_LIBRARY\(sageattention_sm75, m\) \{\s*m\.def\(\s*((?:"[^"]*"\s*)+)\);', text)
-    assert body, "no m.def(...) in csrc/sm75/bindings.cpp"
-    return "".join(re.findall(r'"([^"]*)"', body.group(1)))
+    (schema,) = family_schemas("sm75")
+    return schema
 
 
 @pytest.fixture(scope="module")

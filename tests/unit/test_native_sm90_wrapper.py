@@ -1,6 +1,7 @@
 """No-GPU tests of the sm90 family's Python side (sageattention/native/sm90.py) and C++ layout.
 
-The op schemas are read from csrc/sm90/bindings.cpp (where they are defined once) and registered
+The op schemas are read from the C++ sources (csrc/common/op_schemas.h, where they are defined
+once) and registered
 in a test-only namespace with the module's fake implementations behind them, so the wrapper's
 calls and the fakes' output shapes are checked on meta tensors, without the extension.
 """
@@ -13,32 +14,25 @@ import pytest
 import torch
 
 from sageattention.native import sm90
+from bindings_source import family_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_NAMESPACE = "sageattention_sm90_schema_test"
 KWARGS = dict(is_causal=True, sm_scale=0.125, pv_accum_dtype="fp32", smooth_k=True, smooth_v=False)
 
 
-def _schemas(family: str) -> list[str]:
-    text = (ROOT / "csrc" / family / "bindings.cpp").read_text()
-    body = re.search(rf"TORCH_LIBRARY\(sageattention_{family}, m\) \{{(.*?)\n\}}", text, re.S)
-    assert body, f"no TORCH_LIBRARY block in csrc/{family}/bindings.cpp"
-    defs = re.findall(r"m\.def\(\s*((?:\"[^\"]*\"\s*)+)\);", body.group(1))
-    return ["".join(re.findall(r'"([^"]*)"', d)) for d in defs]
-
-
 def test_schemas_are_the_sm80_familys():
     # Same contract as the sm80 family (its "fp32" mode): the same two ops, the same arguments.
-    schemas = _schemas("sm90")
+    schemas = family_schemas("sm90")
     assert [s.split("(")[0] for s in schemas] == ["quant_int8", "qk_int8_pv_fp16"]
-    assert schemas == _schemas("sm80")
+    assert schemas == family_schemas("sm80")
 
 
 @pytest.fixture
 def ops_on_schema(monkeypatch):
     """sm90's wrapper and fakes on the bindings.cpp schemas under a test namespace."""
     lib = torch.library.Library(TEST_NAMESPACE, "DEF")
-    for schema in _schemas("sm90"):
+    for schema in family_schemas("sm90"):
         lib.define(schema)
     monkeypatch.setattr(sm90, "NAMESPACE", TEST_NAMESPACE)
     sm90._register_fakes()
