@@ -477,6 +477,19 @@ def test_error_figures():
         errors(ref[:2], ref)
 
 
+def test_error_figures_are_exact_over_millions_of_elements():
+    # ones against ones +- e, alternating (e and 1 +- e exact in fp32): cosine 1 / sqrt(1 + e^2),
+    # relative L1 e.
+    # fp32 sums gave a cosine above 1 here on the CPU (torch's fp32 norm was 3e-5 off), which
+    # is more than the distance between a pass and a fail at the FP8 bar.
+    n, e = 2 ** 21, 2.0 ** -6
+    ref = torch.ones(n)
+    out = 1 + e * (1 - 2 * (torch.arange(n) % 2)).float()
+    got = errors(out, ref)
+    assert got.cosine == pytest.approx(1 / math.sqrt(1 + e * e), abs=1e-9)
+    assert got.rel_l1 == pytest.approx(e, rel=1e-12) and got.max_abs == e
+
+
 def test_bars_follow_the_pv_precision():
     assert bar_for("cuda-sm89-fp8") is FP8_PV_BAR
     assert bar_for("cuda-sm80-fp16") is FP16_PV_BAR and bar_for("sdpa") is FP16_PV_BAR
