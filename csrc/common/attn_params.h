@@ -43,6 +43,30 @@ struct QuantFp8Params {
   int heads, tokens, padded_tokens, head_dim;
 };
 
+// Per-channel statistics of x over its tokens, in partial results per chunk of tokens (the caller
+// reduces the chunks): the sum (K's and V's token mean), or the max of |x|, or min and max.
+enum class TokenStat : int { kSum = 0, kAbsMax = 1, kSumMinMax = 2 };
+constexpr int kTokenStatsThreads = 256;
+constexpr int kTokenStatsRowsPerThread = 8;  // 16-byte loads in flight per thread
+// The stats kernel gives each thread 8 fixed channels: D / 8 must divide the thread count.
+inline bool token_stats_supported(int head_dim) {
+  return head_dim % 8 == 0 && head_dim > 0 && head_dim <= 256 &&
+         kTokenStatsThreads % (head_dim / 8) == 0;
+}
+inline int token_stats_chunk_tokens(int head_dim) {
+  return kTokenStatsRowsPerThread * (kTokenStatsThreads / (head_dim / 8));
+}
+struct TokenStatsParams {
+  const void* x;           // fp16/bf16, element strides below, last dim contiguous
+  int64_t x_sb, x_sh, x_sn;
+  int heads, tokens, head_dim;
+  int chunk_tokens;        // tokens per CTA: token_stats_chunk_tokens(head_dim)
+  int chunks;              // ceil(tokens / chunk_tokens)
+  float* sum;              // [B, H, chunks, D] (kSum, kSumMinMax), else null
+  float* first;            // [B, H, chunks, D]: max |x| (kAbsMax) or min (kSumMinMax), else null
+  float* second;           // [B, H, chunks, D]: max (kSumMinMax), else null
+};
+
 struct AttnParams {
   const int8_t* q;         // [B, Hq, q_pad, D] int8
   const int8_t* k;         // [B, Hkv, k_pad, D] int8

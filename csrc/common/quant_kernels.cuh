@@ -5,6 +5,8 @@
 //     past the sequence end are zero.
 //   * quant_v_fp8_kernel: V -> e4m3, transposed to [B, H, D, Npad] with the token order permuted
 //     inside each 16-token group so one ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
+//   * token_stats_kernel: per-channel sum, max |x| or min and max over the tokens (K's mean for
+//     smoothing, V's FP8 scale), as partial results per chunk of tokens.
 // CUDA headers only.
 #pragma once
 #include <cstdint>
@@ -295,6 +297,83 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
   }
 }
 
+
+// Grid: (chunks, H, B), kTokenStatsThreads threads. One CTA reduces chunk_tokens tokens of one
+// (batch, head) over each channel and writes its partial result; the caller reduces the chunks
+// (a fixed order, so the result is the same on every run: no atomics). Thread t keeps the same 8
+// channels for all its tokens and has its kTokenStatsRowsPerThread loads in flight together;
+// the rows of partial results meet in shared memory, summed in row order. ATen's mean and
+// aminmax over the token dim ran at 1.2-1.5 TB/s on the H200 for this column reduction.
+template <typename T, TokenStat STAT>
+__global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenStatsParams p) {
+  constexpr bool kSum = STAT != TokenStat::kAbsMax;
+  constexpr bool kMinMax = STAT == TokenStat::kSumMinMax;
+  constexpr int kRows = kTokenStatsRowsPerThread;
+  const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int D = p.head_dim, chunks_per_row = D / 8;
+  const int lanes_per_pass = kTokenStatsThreads / chunks_per_row;  // tokens read at once
+  const int d0 = (threadIdx.x % chunks_per_row) * 8, row0 = threadIdx.x / chunks_per_row;
+  const int n0 = chunk * p.chunk_tokens;
+  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+
+  uint4 raw[kRows];
+  #pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int tok = n0 + row0 + i * lanes_per_pass;
+    raw[i] = tok < p.tokens ? *reinterpret_cast<const uint4*>(x + tok * p.x_sn + d0)
+                            : make_uint4(0u, 0u, 0u, 0u);
+  }
+  // Tokens past the end were read as zeros: they add nothing to the sum or to max |x|, but
+  // min/max must skip them.
+  const float inf = __int_as_float(0x7f800000);
+  float sum[8], lo[8], hi[8];
+  #pragma unroll
+  for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = STAT == TokenStat::kAbsMax ? 0.f : -inf; }
+  #pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const bool valid = n0 + row0 + i * lanes_per_pass < p.tokens;
+    const uint32_t in[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+    #pragma unroll
+    for (int k = 0; k < 8; k += 2) {
+      const float2 v = unpack_pair<T>(in[k / 2]);
+      if constexpr (kSum) { sum[k] += v.x; sum[k + 1] += v.y; }
+      if constexpr (STAT == TokenStat::kAbsMax) {
+        hi[k] = fmaxf(hi[k], fabsf(v.x));
+        hi[k + 1] = fmaxf(hi[k + 1], fabsf(v.y));
+      }
+      if constexpr (kMinMax) {
+        if (valid) {
+          lo[k] = fminf(lo[k], v.x); lo[k + 1] = fminf(lo[k + 1], v.y);
+          hi[k] = fmaxf(hi[k], v.x); hi[k + 1] = fmaxf(hi[k + 1], v.y);
+        }
+      }
+    }
+  }
+  // [row][channel] partials of each statistic; 3 * 256 * 8 floats at most (24 KB).
+  __shared__ float s_sum[kSum ? kTokenStatsThreads * 8 : 1];
+  __shared__ float s_lo[kMinMax ? kTokenStatsThreads * 8 : 1];
+  __shared__ float s_hi[kTokenStatsThreads * 8];
+  const int slot = row0 * D + d0;
+  #pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if constexpr (kSum) s_sum[slot + k] = sum[k];
+    if constexpr (kMinMax) s_lo[slot + k] = lo[k];
+    s_hi[slot + k] = hi[k];
+  }
+  __syncthreads();
+  const int64_t out = ((static_cast<int64_t>(b) * p.heads + h) * p.chunks + chunk) * D;
+  for (int d = threadIdx.x; d < D; d += kTokenStatsThreads) {
+    float s = 0.f, l = inf, m = STAT == TokenStat::kAbsMax ? 0.f : -inf;
+    for (int r = 0; r < lanes_per_pass; ++r) {
+      if constexpr (kSum) s += s_sum[r * D + d];
+      if constexpr (kMinMax) l = fminf(l, s_lo[r * D + d]);
+      m = fmaxf(m, s_hi[r * D + d]);
+    }
+    if constexpr (kSum) p.sum[out + d] = s;
+    if constexpr (kMinMax) { p.first[out + d] = l; p.second[out + d] = m; }
+    else if constexpr (STAT == TokenStat::kAbsMax) p.first[out + d] = m;
+  }
+}
 }  // namespace sage
 
 namespace sage {
@@ -333,6 +412,25 @@ inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType 
   };
   if (kQuantThreads % (p.head_dim / 8) == 0) launch(std::true_type{});
   else launch(std::false_type{});
+  return cudaGetLastError();
+}
+
+
+inline cudaError_t launch_token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
+                                      cudaStream_t stream) {
+  if (!token_stats_supported(p.head_dim) || p.chunk_tokens != token_stats_chunk_tokens(p.head_dim))
+    return cudaErrorInvalidValue;
+  const dim3 grid(p.chunks, p.heads, batch);
+  auto launch = [&](auto stat_constant) {
+    constexpr TokenStat kStat = decltype(stat_constant)::value;
+    if (dtype == DType::kFloat16)
+      token_stats_kernel<__half, kStat><<<grid, kTokenStatsThreads, 0, stream>>>(p);
+    else
+      token_stats_kernel<__nv_bfloat16, kStat><<<grid, kTokenStatsThreads, 0, stream>>>(p);
+  };
+  if (stat == TokenStat::kSum) launch(std::integral_constant<TokenStat, TokenStat::kSum>{});
+  else if (stat == TokenStat::kAbsMax) launch(std::integral_constant<TokenStat, TokenStat::kAbsMax>{});
+  else launch(std::integral_constant<TokenStat, TokenStat::kSumMinMax>{});
   return cudaGetLastError();
 }
 

@@ -128,8 +128,42 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   return {out, scale};
 }
 
-// K mean over tokens in fp32, [B, H, D] contiguous.
-inline at::Tensor token_mean(const at::Tensor& x, bool hnd) {
+using TokenStatsLauncher = cudaError_t (*)(const TokenStatsParams&, int, DType, TokenStat, cudaStream_t);
+
+// Partial per-channel statistics of x over its tokens, each [B, H, chunks, D] fp32 (unused ones
+// undefined), from the family's token_stats kernel; nullopt where it does not apply (head dims
+// whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
+struct TokenStatPartials {
+  at::Tensor sum, first, second;
+};
+inline c10::optional<TokenStatPartials> token_stat_partials(TokenStatsLauncher launch,
+                                                            const at::Tensor& x, bool hnd,
+                                                            TokenStat stat) {
+  const View X = view_of(x, hnd);
+  if (!token_stats_supported(static_cast<int>(X.D)) || X.N == 0 || X.B == 0 || X.H == 0)
+    return c10::nullopt;
+  TokenStatsParams p{};
+  p.x = x.data_ptr();
+  p.x_sb = X.sb; p.x_sh = X.sh; p.x_sn = X.sn;
+  p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
+  p.chunk_tokens = token_stats_chunk_tokens(static_cast<int>(X.D));
+  p.chunks = (X.N + p.chunk_tokens - 1) / p.chunk_tokens;
+  const auto options = x.options().dtype(at::kFloat);
+  TokenStatPartials r;
+  auto partial = [&] { return at::empty({X.B, X.H, p.chunks, X.D}, options); };
+  if (stat != TokenStat::kAbsMax) { r.sum = partial(); p.sum = r.sum.data_ptr<float>(); }
+  r.first = partial();
+  p.first = r.first.data_ptr<float>();
+  if (stat == TokenStat::kSumMinMax) { r.second = partial(); p.second = r.second.data_ptr<float>(); }
+  const cudaError_t err = launch(p, X.B, dtype_of(x), stat, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "token_stats launch failed: ", cudaGetErrorString(err));
+  return r;
+}
+
+// x's mean over tokens in fp32, [B, H, D] contiguous, from per-chunk sums (x vector_friendly).
+inline at::Tensor token_mean(TokenStatsLauncher launch, const at::Tensor& x, bool hnd) {
+  if (auto parts = token_stat_partials(launch, x, hnd, TokenStat::kSum))
+    return at::sum(parts->sum, {2}).div_(static_cast<double>(view_of(x, hnd).N));
   return at::mean(x, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
 }
 
@@ -150,6 +184,7 @@ constexpr double kFp8Max = 448.0;
 // V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
 // per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launcher launch,
+                                                                  TokenStatsLauncher stats,
                                                                   const at::Tensor& v_in, bool hnd,
                                                                   bool smooth_v, double v_max) {
   TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
@@ -160,16 +195,26 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
   const View V = view_of(v, hnd);
   TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
   check_grid_limit(V, "v");
-  const int64_t tok_dim = hnd ? 2 : 1;
-  auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
   at::Tensor mean, amax;
+  const c10::optional<TokenStatPartials> parts =
+      token_stat_partials(stats, v, hnd, smooth_v ? TokenStat::kSumMinMax : TokenStat::kAbsMax);
   if (smooth_v) {
-    mean = token_mean(v, hnd);
+    at::Tensor vmin, vmax;  // [B, H, D] fp32 (exact: the inputs are fp16/bf16)
+    if (parts) {
+      mean = at::sum(parts->sum, {2}).div_(static_cast<double>(V.N));
+      vmin = at::amin(parts->first, {2});
+      vmax = at::amax(parts->second, {2});
+    } else {
+      mean = at::mean(v, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
+      std::tie(vmin, vmax) = at::aminmax(v, hnd ? 2 : 1, false);
+      vmin = vmin.to(at::kFloat);
+      vmax = vmax.to(at::kFloat);
+    }
     // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
-    amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
+    amax = at::maximum(vmax - mean, mean - vmin);
   } else {
     mean = at::empty({0}, v.options().dtype(at::kFloat));
-    amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
+    amax = parts ? at::amax(parts->first, {2}) : at::amax(v.abs(), {hnd ? 2 : 1}).to(at::kFloat);
   }
   // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
   // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
@@ -210,10 +255,12 @@ struct QuantizedQK {
   at::Tensor q_i8, q_scale, k_i8, k_scale;
 };
 
-inline QuantizedQK quantize_qk(QuantInt8Launcher launch, const at::Tensor& q, const at::Tensor& k,
-                               bool hnd, QuantGran gran, double sm_scale, bool smooth_k) {
+inline QuantizedQK quantize_qk(QuantInt8Launcher launch, TokenStatsLauncher stats, const at::Tensor& q,
+                               const at::Tensor& k_in, bool hnd, QuantGran gran, double sm_scale,
+                               bool smooth_k) {
+  const at::Tensor k = vector_friendly(k_in);  // one copy, if any, for the mean and the quantization
   QuantizedQK r{view_of(q, hnd), view_of(k, hnd), c10::nullopt, {}, {}, {}, {}};
-  if (smooth_k) r.k_mean = token_mean(k, hnd);
+  if (smooth_k) r.k_mean = token_mean(stats, k, hnd);
   std::tie(r.q_i8, r.q_scale) = quant_int8(launch, q, c10::nullopt, hnd, gran, false, sm_scale * kLog2e);
   std::tie(r.k_i8, r.k_scale) = quant_int8(launch, k, r.k_mean, hnd, gran, true, 1.0);
   return r;
@@ -265,6 +312,7 @@ using AttnFp8Launcher = cudaError_t (*)(const AttnParams&, PvAccum, DType, cudaS
 struct Fp8Kernels {
   QuantInt8Launcher quant_int8;
   QuantFp8Launcher quant_v_fp8;
+  TokenStatsLauncher token_stats;
   AttnFp8Launcher attn_hd64, attn_hd128;
 };
 
@@ -274,9 +322,11 @@ inline std::tuple<at::Tensor, at::Tensor> run_fp8_attention(
     const char* op_namespace, const Fp8Kernels& kernels, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, bool hnd, QuantGran gran, PvAccum accum, bool is_causal, double sm_scale,
     bool smooth_k, bool smooth_v, bool return_lse, double v_max) {
-  const QuantizedQK qk = quantize_qk(kernels.quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  const QuantizedQK qk =
+      quantize_qk(kernels.quant_int8, kernels.token_stats, q, k, hnd, gran, sm_scale, smooth_k);
   at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
-  std::tie(v8, v_scale, v_mean) = quant_v_fp8(kernels.quant_v_fp8, v, hnd, smooth_v, v_max);
+  std::tie(v8, v_scale, v_mean) =
+      quant_v_fp8(kernels.quant_v_fp8, kernels.token_stats, v, hnd, smooth_v, v_max);
   const DType od = dtype_of(q);
   return run_attention(
       op_namespace, q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,

@@ -8,6 +8,9 @@
 namespace sage::sm90_fp8 {
 
 cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
+// Per-channel sum / max |x| / min and max over the tokens, per chunk (K's mean, V's FP8 scale).
+cudaError_t token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
+                        cudaStream_t stream);
 // V -> e4m3 V^T in the sm89 family's layout (tokens permuted in 16-token groups).
 cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStream_t stream);
 // INT8 QK^T, FP8 e4m3 PV on wgmma. accum: kF32 (straight into O) or kF32F32 (two-level).

@@ -277,6 +277,28 @@ def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
     assert torch.equal(got[:, :, :n], expected) and not got[:, :, n:].any()
 
 
+@pytest.mark.parametrize("fam", FP8_FAMILIES)
+@pytest.mark.parametrize("d,n,dtype,smooth_v,layout,shift", [
+    (128, 1000, torch.float16, True, "HND", -10.0),   # 8 chunks of 128 tokens, the last partial
+    (128, 1000, torch.float16, False, "NHD", 10.0),
+    (64, 4097, torch.bfloat16, True, "NHD", 5.0),     # chunks of 256 tokens, one token in the last
+    (64, 33, torch.bfloat16, True, "HND", -3.0)])
+def test_quant_v_fp8_scale_and_mean_over_token_chunks(fam, d, n, dtype, smooth_v, layout, shift):
+    # The per-channel statistics come from per-chunk partials: an all-negative or all-positive
+    # channel must not see the zeros read past the sequence end as its max or min.
+    mod = family(fam)
+    v_hnd = torch.randn(2, 3, n, d, device="cuda", dtype=dtype) * 3 + shift
+    v = v_hnd if layout == "HND" else v_hnd.transpose(1, 2).contiguous()
+    _, scale, mean = mod.quant_v_fp8(v, tensor_layout=layout, smooth_v=smooth_v)
+    vf = v_hnd.float()
+    if smooth_v:
+        assert torch.allclose(mean, vf.mean(dim=2), rtol=1e-5, atol=1e-5)
+        amax = torch.maximum(vf.amax(dim=2) - mean, mean - vf.amin(dim=2))
+    else:
+        amax = vf.abs().amax(dim=2)
+    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(1e-8))
+
+
 @pytest.mark.parametrize("fam", SPEC)
 def test_opcheck(fam):
     family(fam)
