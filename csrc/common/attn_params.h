@@ -43,9 +43,11 @@ struct QuantFp8Params {
   int heads, tokens, padded_tokens, head_dim;
 };
 
-// Per-channel statistics of x over its tokens, in partial results per chunk of tokens (the caller
-// reduces the chunks): the sum (K's and V's token mean), or the max of |x|, or min and max.
-enum class TokenStat : int { kSum = 0, kAbsMax = 1, kSumMinMax = 2 };
+// Per-channel statistics of x over its tokens: K's mean (smoothing) and V's FP8 scale
+// max(amax / scale_max, 1e-8), amax = max |x| or, with V smoothing, max |x - mean|. Each CTA
+// reduces a chunk of tokens into a partial result; the last CTA of a (batch, head) to finish
+// reduces the partials in chunk order (the same result on every run) and writes the outputs.
+enum class TokenStat : int { kMean = 0, kFp8Scale = 1, kMeanFp8Scale = 2 };
 constexpr int kTokenStatsThreads = 256;
 constexpr int kTokenStatsRowsPerThread = 8;  // 16-byte loads in flight per thread
 // The stats kernel gives each thread 8 fixed channels: D / 8 must divide the thread count.
@@ -56,15 +58,19 @@ inline bool token_stats_supported(int head_dim) {
 inline int token_stats_chunk_tokens(int head_dim) {
   return kTokenStatsRowsPerThread * (kTokenStatsThreads / (head_dim / 8));
 }
+// Partial results per chunk: the sum (kMean), max |x| (kFp8Scale), or sum, min and max.
+inline int token_stats_partials(TokenStat stat) { return stat == TokenStat::kMeanFp8Scale ? 3 : 1; }
 struct TokenStatsParams {
   const void* x;           // fp16/bf16, element strides below, last dim contiguous
   int64_t x_sb, x_sh, x_sn;
   int heads, tokens, head_dim;
   int chunk_tokens;        // tokens per CTA: token_stats_chunk_tokens(head_dim)
   int chunks;              // ceil(tokens / chunk_tokens)
-  float* sum;              // [B, H, chunks, D] (kSum, kSumMinMax), else null
-  float* first;            // [B, H, chunks, D]: max |x| (kAbsMax) or min (kSumMinMax), else null
-  float* second;           // [B, H, chunks, D]: max (kSumMinMax), else null
+  float* partial;          // scratch [B, H, chunks, token_stats_partials(stat), D]
+  int* arrivals;           // [B, H], zero at launch: CTAs of each (batch, head) done so far
+  float* mean;             // [B, H, D] out (kMean, kMeanFp8Scale), else null
+  float* scale;            // [B, H, D] out (kFp8Scale, kMeanFp8Scale), else null
+  float scale_max;         // the value amax maps to (e4m3's 448, or less)
 };
 
 struct AttnParams {

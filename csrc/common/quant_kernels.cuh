@@ -5,8 +5,8 @@
 //     past the sequence end are zero.
 //   * quant_v_fp8_kernel: V -> e4m3, transposed to [B, H, D, Npad] with the token order permuted
 //     inside each 16-token group so one ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
-//   * token_stats_kernel: per-channel sum, max |x| or min and max over the tokens (K's mean for
-//     smoothing, V's FP8 scale), as partial results per chunk of tokens.
+//   * token_stats_kernel: per-channel statistics over the tokens (K's mean for smoothing, V's
+//     FP8 scale), one kernel for the reduction and its end.
 // CUDA headers only.
 #pragma once
 #include <cstdint>
@@ -17,6 +17,7 @@
 
 #include "attn_params.h"
 #include "exact_div.h"
+#include "ptx.cuh"
 
 namespace sage {
 
@@ -53,6 +54,24 @@ __device__ __forceinline__ int group_in_block(int token_in_block, int groups_per
 }
 
 constexpr int kQuantThreads = 128;
+// quant_int8_kernel's launch shape (tuning knobs, benchmarks/gpu_dev_quant_bench.cu): threads per
+// CTA, the most chunks per thread kept as floats between the two passes, and the CTAs per SM
+// asked of the register allocator (0: no request).
+#ifndef SAGE_QUANT_THREADS
+#define SAGE_QUANT_THREADS 128
+#endif
+#ifndef SAGE_QUANT_KEEP_MAX
+#define SAGE_QUANT_KEEP_MAX 8
+#endif
+#ifndef SAGE_QUANT_MIN_CTAS
+#define SAGE_QUANT_MIN_CTAS 0
+#endif
+// 1: quant_int8_staged_kernel (the block staged in shared memory by cp.async) instead of
+// quant_int8_kernel (the block held in registers).
+#ifndef SAGE_QUANT_STAGED
+#define SAGE_QUANT_STAGED 0
+#endif
+constexpr int kInt8QuantThreads = SAGE_QUANT_THREADS;
 constexpr float kScaleFloor = 1e-8f;
 
 // The 8 channels d0..d0+7 of one token, minus the mean (K smoothing), times scale_mult.
@@ -107,7 +126,7 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint3
 // once); more would cost the occupancy this memory-bound kernel needs, so those are converted
 // again from the raw chunk.
 template <typename T, int CHUNKS>
-__global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Params p) {
+__global__ void __launch_bounds__(kInt8QuantThreads, SAGE_QUANT_MIN_CTAS) quant_int8_kernel(QuantInt8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n0 = blk * p.block_tokens;
   const int chunks_per_row = p.head_dim / 8;
@@ -121,7 +140,7 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   uint4 raw[CHUNKS];
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kQuantThreads;
+    const int c = threadIdx.x + i * kInt8QuantThreads;
     const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
     raw[i] = make_uint4(0u, 0u, 0u, 0u);
     if (c < n_chunks && n0 + tok < p.tokens)  // never read past the end
@@ -129,14 +148,14 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   }
   __syncthreads();  // s_amax initialised
 
-  constexpr bool kKeepFloats = CHUNKS <= 8;
+  constexpr bool kKeepFloats = CHUNKS <= SAGE_QUANT_KEEP_MAX;
   [[maybe_unused]] float vals[kKeepFloats ? CHUNKS : 1][8];
   float local[8];
   #pragma unroll
   for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kQuantThreads;
+    const int c = threadIdx.x + i * kInt8QuantThreads;
     const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
     if (c >= n_chunks || n0 + tok >= p.tokens) continue;
     float v[8];
@@ -167,7 +186,7 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
   int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kQuantThreads;
+    const int c = threadIdx.x + i * kInt8QuantThreads;
     if (c >= n_chunks) break;
     const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
     uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
@@ -182,6 +201,75 @@ __global__ void __launch_bounds__(kQuantThreads) quant_int8_kernel(QuantInt8Para
         chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
       }
       const ExactDivisor div(scale);
+      uint32_t r[8];
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(div(v[k]));
+      packed = make_uint2(pack_low_bytes(r[0], r[1], r[2], r[3]),
+                          pack_low_bytes(r[4], r[5], r[6], r[7]));
+    }
+    *reinterpret_cast<uint2*>(out + tok * p.head_dim + d0) = packed;
+  }
+}
+
+// The same quantization with the block staged in shared memory by cp.async instead of registers:
+// the copies hold no registers while in flight, so more CTAs (and more bytes) are in flight per
+// SM. Dynamic shared memory: block_tokens * head_dim * 2 bytes. Same outputs bit for bit.
+template <typename T>
+__global__ void __launch_bounds__(kInt8QuantThreads) quant_int8_staged_kernel(QuantInt8Params p) {
+  extern __shared__ uint4 s_raw[];
+  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int n0 = blk * p.block_tokens;
+  const int chunks_per_row = p.head_dim / 8;
+  const int n_chunks = p.block_tokens * chunks_per_row;
+  __shared__ unsigned int s_amax[8];  // bit patterns of non-negative floats: int max == float max
+  if (threadIdx.x < 8) s_amax[threadIdx.x] = 0u;
+
+  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+  const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.head_dim : nullptr;
+  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    const bool valid = n0 + tok < p.tokens;  // never read past the end: zero-filled instead
+    cp_async_16(smem_u32(s_raw + c), valid ? x + (n0 + tok) * p.x_sn + d0 : x, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // s_raw landed, s_amax initialised
+
+  float local[8];
+  #pragma unroll
+  for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
+  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    if (n0 + tok >= p.tokens) continue;
+    float v[8];
+    chunk_values<T>(s_raw[c], mean, d0, p.scale_mult, v);
+    float m = 0.f;
+    #pragma unroll
+    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
+    const int gi = group_in_block(tok, p.groups_per_block);
+    #pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j == gi) local[j] = fmaxf(local[j], m);  // constant indices keep `local` in registers
+  }
+  for (int gi = 0; gi < p.groups_per_block; ++gi)
+    if (local[gi] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[gi]));
+  __syncthreads();
+
+  const int64_t scale_base = (static_cast<int64_t>(b) * p.heads + h) * p.scale_groups +
+                             static_cast<int64_t>(blk) * p.groups_per_block;
+  if (threadIdx.x < p.groups_per_block) {
+    const float scale = fmaxf(__uint_as_float(s_amax[threadIdx.x]) / 127.f, kScaleFloor);
+    p.scale_out[scale_base + threadIdx.x] = scale;
+  }
+  int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
+  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
+    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
+    if (n0 + tok < p.tokens) {
+      const int gi = group_in_block(tok, p.groups_per_block);
+      const ExactDivisor div(fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor));
+      float v[8];
+      chunk_values<T>(s_raw[c], mean, d0, p.scale_mult, v);
       uint32_t r[8];
       #pragma unroll
       for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(div(v[k]));
@@ -299,22 +387,25 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
 
 
 // Grid: (chunks, H, B), kTokenStatsThreads threads. One CTA reduces chunk_tokens tokens of one
-// (batch, head) over each channel and writes its partial result; the caller reduces the chunks
-// (a fixed order, so the result is the same on every run: no atomics). Thread t keeps the same 8
-// channels for all its tokens and has its kTokenStatsRowsPerThread loads in flight together;
-// the rows of partial results meet in shared memory, summed in row order. ATen's mean and
-// aminmax over the token dim ran at 1.2-1.5 TB/s on the H200 for this column reduction.
+// (batch, head) over each channel into a partial result; the last of its (batch, head) to arrive
+// reduces the partials in a fixed order and writes the mean and/or the FP8 scale (no atomics on
+// values: the same result on every run). Thread t keeps the same 8 channels for all its tokens
+// and has its kTokenStatsRowsPerThread loads in flight together. ATen's mean and aminmax over the
+// token dim, which this replaces, ran at 2.0-3.2 TB/s on the H200, plus their own small reductions.
 template <typename T, TokenStat STAT>
 __global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenStatsParams p) {
-  constexpr bool kSum = STAT != TokenStat::kAbsMax;
-  constexpr bool kMinMax = STAT == TokenStat::kSumMinMax;
+  constexpr bool kSum = STAT != TokenStat::kFp8Scale;
+  constexpr bool kMinMax = STAT == TokenStat::kMeanFp8Scale;
+  constexpr int kParts = STAT == TokenStat::kMeanFp8Scale ? 3 : 1;  // token_stats_partials(STAT)
   constexpr int kRows = kTokenStatsRowsPerThread;
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int D = p.head_dim, chunks_per_row = D / 8;
   const int lanes_per_pass = kTokenStatsThreads / chunks_per_row;  // tokens read at once
   const int d0 = (threadIdx.x % chunks_per_row) * 8, row0 = threadIdx.x / chunks_per_row;
   const int n0 = chunk * p.chunk_tokens;
+  const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
   const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+  const float inf = __int_as_float(0x7f800000);
 
   uint4 raw[kRows];
   #pragma unroll
@@ -324,11 +415,10 @@ __global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenSt
                             : make_uint4(0u, 0u, 0u, 0u);
   }
   // Tokens past the end were read as zeros: they add nothing to the sum or to max |x|, but
-  // min/max must skip them.
-  const float inf = __int_as_float(0x7f800000);
+  // min and max must skip them.
   float sum[8], lo[8], hi[8];
   #pragma unroll
-  for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = STAT == TokenStat::kAbsMax ? 0.f : -inf; }
+  for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = kMinMax ? -inf : 0.f; }
   #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const bool valid = n0 + row0 + i * lanes_per_pass < p.tokens;
@@ -337,43 +427,79 @@ __global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenSt
     for (int k = 0; k < 8; k += 2) {
       const float2 v = unpack_pair<T>(in[k / 2]);
       if constexpr (kSum) { sum[k] += v.x; sum[k + 1] += v.y; }
-      if constexpr (STAT == TokenStat::kAbsMax) {
-        hi[k] = fmaxf(hi[k], fabsf(v.x));
-        hi[k + 1] = fmaxf(hi[k + 1], fabsf(v.y));
-      }
       if constexpr (kMinMax) {
         if (valid) {
           lo[k] = fminf(lo[k], v.x); lo[k + 1] = fminf(lo[k + 1], v.y);
           hi[k] = fmaxf(hi[k], v.x); hi[k + 1] = fmaxf(hi[k + 1], v.y);
         }
+      } else if constexpr (!kSum) {
+        hi[k] = fmaxf(hi[k], fabsf(v.x));
+        hi[k + 1] = fmaxf(hi[k + 1], fabsf(v.y));
       }
     }
   }
-  // [row][channel] partials of each statistic; 3 * 256 * 8 floats at most (24 KB).
+  // [row][channel] of each statistic, then summed / maxed over the rows in row order.
   __shared__ float s_sum[kSum ? kTokenStatsThreads * 8 : 1];
   __shared__ float s_lo[kMinMax ? kTokenStatsThreads * 8 : 1];
-  __shared__ float s_hi[kTokenStatsThreads * 8];
+  __shared__ float s_hi[kSum && !kMinMax ? 1 : kTokenStatsThreads * 8];
+  __shared__ int s_last;
   const int slot = row0 * D + d0;
   #pragma unroll
   for (int k = 0; k < 8; ++k) {
     if constexpr (kSum) s_sum[slot + k] = sum[k];
     if constexpr (kMinMax) s_lo[slot + k] = lo[k];
-    s_hi[slot + k] = hi[k];
+    if constexpr (!kSum || kMinMax) s_hi[slot + k] = hi[k];
   }
   __syncthreads();
-  const int64_t out = ((static_cast<int64_t>(b) * p.heads + h) * p.chunks + chunk) * D;
+  float* part = p.partial + (bh * p.chunks + chunk) * kParts * D;
   for (int d = threadIdx.x; d < D; d += kTokenStatsThreads) {
-    float s = 0.f, l = inf, m = STAT == TokenStat::kAbsMax ? 0.f : -inf;
+    float s = 0.f, l = inf, m = kMinMax ? -inf : 0.f;
     for (int r = 0; r < lanes_per_pass; ++r) {
       if constexpr (kSum) s += s_sum[r * D + d];
       if constexpr (kMinMax) l = fminf(l, s_lo[r * D + d]);
-      m = fmaxf(m, s_hi[r * D + d]);
+      if constexpr (!kSum || kMinMax) m = fmaxf(m, s_hi[r * D + d]);
     }
-    if constexpr (kSum) p.sum[out + d] = s;
-    if constexpr (kMinMax) { p.first[out + d] = l; p.second[out + d] = m; }
-    else if constexpr (STAT == TokenStat::kAbsMax) p.first[out + d] = m;
+    if constexpr (kMinMax) { part[d] = s; part[D + d] = l; part[2 * D + d] = m; }
+    else part[d] = kSum ? s : m;
+  }
+
+  // The last CTA of this (batch, head) reduces the partials (release: fence, then arrive).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(p.arrivals + bh, 1) == p.chunks - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other CTAs' partials are visible from here (read past L1)
+  const float* parts = p.partial + bh * p.chunks * kParts * D;
+  for (int d = threadIdx.x; d < D; d += kTokenStatsThreads) {
+    float s = 0.f, l = inf, m = kMinMax ? -inf : 0.f;
+    #pragma unroll 4
+    for (int c = 0; c < p.chunks; ++c) {
+      const float* pc = parts + static_cast<int64_t>(c) * kParts * D;
+      if constexpr (kMinMax) {
+        s += __ldcg(pc + d);
+        l = fminf(l, __ldcg(pc + D + d));
+        m = fmaxf(m, __ldcg(pc + 2 * D + d));
+      } else if constexpr (kSum) {
+        s += __ldcg(pc + d);
+      } else {
+        m = fmaxf(m, __ldcg(pc + d));
+      }
+    }
+    const int64_t o = bh * D + d;
+    float mean = 0.f;
+    if constexpr (kSum) {
+      mean = __fdiv_rn(s, static_cast<float>(p.tokens));
+      p.mean[o] = mean;
+    }
+    if constexpr (!kSum || kMinMax) {
+      // with smoothing, max |x - mean| = max(max - mean, mean - min): rounding is monotonic
+      const float amax = kMinMax ? fmaxf(m - mean, mean - l) : m;
+      p.scale[o] = fmaxf(__fdiv_rn(amax, p.scale_max), 1e-8f);
+    }
   }
 }
+
 }  // namespace sage
 
 namespace sage {
@@ -382,14 +508,25 @@ namespace sage {
 inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType dtype,
                                      cudaStream_t stream) {
   const dim3 grid(p.padded_tokens / p.block_tokens, p.heads, batch);
+  if (SAGE_QUANT_STAGED) {
+    const int smem = p.block_tokens * p.head_dim * 2;  // up to 128 tokens x 256 channels: 64 KB
+    auto kernel = dtype == DType::kFloat16 ? quant_int8_staged_kernel<__half>
+                                           : quant_int8_staged_kernel<__nv_bfloat16>;
+    if (smem > 48 * 1024) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, kInt8QuantThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+  }
   // chunks per thread, rounded up to the next instantiated size (head dim <= 256, block <= 128)
-  const int per_thread = (p.block_tokens * (p.head_dim / 8) + kQuantThreads - 1) / kQuantThreads;
+  const int per_thread = (p.block_tokens * (p.head_dim / 8) + kInt8QuantThreads - 1) / kInt8QuantThreads;
   auto launch = [&](auto chunks) {
     constexpr int kChunks = decltype(chunks)::value;
     if (dtype == DType::kFloat16)
-      quant_int8_kernel<__half, kChunks><<<grid, kQuantThreads, 0, stream>>>(p);
+      quant_int8_kernel<__half, kChunks><<<grid, kInt8QuantThreads, 0, stream>>>(p);
     else
-      quant_int8_kernel<__nv_bfloat16, kChunks><<<grid, kQuantThreads, 0, stream>>>(p);
+      quant_int8_kernel<__nv_bfloat16, kChunks><<<grid, kInt8QuantThreads, 0, stream>>>(p);
   };
   if (per_thread <= 2) launch(std::integral_constant<int, 2>{});
   else if (per_thread <= 4) launch(std::integral_constant<int, 4>{});
@@ -428,9 +565,9 @@ inline cudaError_t launch_token_stats(const TokenStatsParams& p, int batch, DTyp
     else
       token_stats_kernel<__nv_bfloat16, kStat><<<grid, kTokenStatsThreads, 0, stream>>>(p);
   };
-  if (stat == TokenStat::kSum) launch(std::integral_constant<TokenStat, TokenStat::kSum>{});
-  else if (stat == TokenStat::kAbsMax) launch(std::integral_constant<TokenStat, TokenStat::kAbsMax>{});
-  else launch(std::integral_constant<TokenStat, TokenStat::kSumMinMax>{});
+  if (stat == TokenStat::kMean) launch(std::integral_constant<TokenStat, TokenStat::kMean>{});
+  else if (stat == TokenStat::kFp8Scale) launch(std::integral_constant<TokenStat, TokenStat::kFp8Scale>{});
+  else launch(std::integral_constant<TokenStat, TokenStat::kMeanFp8Scale>{});
   return cudaGetLastError();
 }
 

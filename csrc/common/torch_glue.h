@@ -130,15 +130,15 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
 
 using TokenStatsLauncher = cudaError_t (*)(const TokenStatsParams&, int, DType, TokenStat, cudaStream_t);
 
-// Partial per-channel statistics of x over its tokens, each [B, H, chunks, D] fp32 (unused ones
-// undefined), from the family's token_stats kernel; nullopt where it does not apply (head dims
-// whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
-struct TokenStatPartials {
-  at::Tensor sum, first, second;
+// Per-channel statistics of x ([B, H, N, D] through its layout, vector_friendly) over its tokens
+// from the family's token_stats kernel: the mean and/or the FP8 scale max(amax / scale_max, 1e-8),
+// each [B, H, D] fp32 (the unused one undefined); nullopt where the kernel does not apply (head
+// dims whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
+struct TokenStats {
+  at::Tensor mean, scale;
 };
-inline c10::optional<TokenStatPartials> token_stat_partials(TokenStatsLauncher launch,
-                                                            const at::Tensor& x, bool hnd,
-                                                            TokenStat stat) {
+inline c10::optional<TokenStats> token_stats(TokenStatsLauncher launch, const at::Tensor& x, bool hnd,
+                                             TokenStat stat, double scale_max = 0.0) {
   const View X = view_of(x, hnd);
   if (!token_stats_supported(static_cast<int>(X.D)) || X.N == 0 || X.B == 0 || X.H == 0)
     return c10::nullopt;
@@ -148,22 +148,29 @@ inline c10::optional<TokenStatPartials> token_stat_partials(TokenStatsLauncher l
   p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
   p.chunk_tokens = token_stats_chunk_tokens(static_cast<int>(X.D));
   p.chunks = (X.N + p.chunk_tokens - 1) / p.chunk_tokens;
-  const auto options = x.options().dtype(at::kFloat);
-  TokenStatPartials r;
-  auto partial = [&] { return at::empty({X.B, X.H, p.chunks, X.D}, options); };
-  if (stat != TokenStat::kAbsMax) { r.sum = partial(); p.sum = r.sum.data_ptr<float>(); }
-  r.first = partial();
-  p.first = r.first.data_ptr<float>();
-  if (stat == TokenStat::kSumMinMax) { r.second = partial(); p.second = r.second.data_ptr<float>(); }
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor partial = at::empty({X.B, X.H, p.chunks, token_stats_partials(stat), X.D}, f32);
+  const at::Tensor arrivals = at::zeros({X.B, X.H}, x.options().dtype(at::kInt));
+  p.partial = partial.data_ptr<float>();
+  p.arrivals = arrivals.data_ptr<int>();
+  TokenStats r;
+  if (stat != TokenStat::kFp8Scale) {
+    r.mean = at::empty({X.B, X.H, X.D}, f32);
+    p.mean = r.mean.data_ptr<float>();
+  }
+  if (stat != TokenStat::kMean) {
+    r.scale = at::empty({X.B, X.H, X.D}, f32);
+    p.scale = r.scale.data_ptr<float>();
+    p.scale_max = static_cast<float>(scale_max);
+  }
   const cudaError_t err = launch(p, X.B, dtype_of(x), stat, at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "token_stats launch failed: ", cudaGetErrorString(err));
   return r;
 }
 
-// x's mean over tokens in fp32, [B, H, D] contiguous, from per-chunk sums (x vector_friendly).
+// x's mean over tokens in fp32, [B, H, D] contiguous (x vector_friendly).
 inline at::Tensor token_mean(TokenStatsLauncher launch, const at::Tensor& x, bool hnd) {
-  if (auto parts = token_stat_partials(launch, x, hnd, TokenStat::kSum))
-    return at::sum(parts->sum, {2}).div_(static_cast<double>(view_of(x, hnd).N));
+  if (auto stats = token_stats(launch, x, hnd, TokenStat::kMean)) return stats->mean;
   return at::mean(x, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
 }
 
@@ -184,7 +191,7 @@ constexpr double kFp8Max = 448.0;
 // V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
 // per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launcher launch,
-                                                                  TokenStatsLauncher stats,
+                                                                  TokenStatsLauncher stats_launch,
                                                                   const at::Tensor& v_in, bool hnd,
                                                                   bool smooth_v, double v_max) {
   TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
@@ -195,31 +202,28 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
   const View V = view_of(v, hnd);
   TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
   check_grid_limit(V, "v");
-  at::Tensor mean, amax;
-  const c10::optional<TokenStatPartials> parts =
-      token_stat_partials(stats, v, hnd, smooth_v ? TokenStat::kSumMinMax : TokenStat::kAbsMax);
-  if (smooth_v) {
-    at::Tensor vmin, vmax;  // [B, H, D] fp32 (exact: the inputs are fp16/bf16)
-    if (parts) {
-      mean = at::sum(parts->sum, {2}).div_(static_cast<double>(V.N));
-      vmin = at::amin(parts->first, {2});
-      vmax = at::amax(parts->second, {2});
-    } else {
-      mean = at::mean(v, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
-      std::tie(vmin, vmax) = at::aminmax(v, hnd ? 2 : 1, false);
-      vmin = vmin.to(at::kFloat);
-      vmax = vmax.to(at::kFloat);
-    }
-    // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
-    amax = at::maximum(vmax - mean, mean - vmin);
+  // scale = max(amax / v_max, 1e-8), amax = max |v| or, smoothing, max |v - mean|
+  at::Tensor mean, scale;
+  if (auto stats = token_stats(stats_launch, v, hnd,
+                               smooth_v ? TokenStat::kMeanFp8Scale : TokenStat::kFp8Scale, v_max)) {
+    mean = smooth_v ? stats->mean : at::empty({0}, v.options().dtype(at::kFloat));
+    scale = stats->scale;
   } else {
-    mean = at::empty({0}, v.options().dtype(at::kFloat));
-    amax = parts ? at::amax(parts->first, {2}) : at::amax(v.abs(), {hnd ? 2 : 1}).to(at::kFloat);
+    const int64_t tok_dim = hnd ? 2 : 1;
+    auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
+    at::Tensor amax;
+    if (smooth_v) {
+      mean = at::mean(v, {tok_dim}, false, at::kFloat).contiguous();
+      // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
+      amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
+    } else {
+      mean = at::empty({0}, v.options().dtype(at::kFloat));
+      amax = at::maximum(vmax.to(at::kFloat).abs(), vmin.to(at::kFloat).abs());
+    }
+    // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
+    // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
+    scale = (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
   }
-  // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
-  // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
-  const at::Tensor scale =
-      (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
   const int64_t pad = round_up(V.N, 64);
   auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
   QuantFp8Params p{};
