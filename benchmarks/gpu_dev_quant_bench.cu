@@ -1,5 +1,4 @@
-// Times the shared INT8 quantization kernel (quant_int8_kernel) and the token statistics kernel
-// alone, with CUDA events, on the benchmark shapes, and prints a checksum of every output so
+// Times the shared INT8 quantization kernel (quant_int8_kernel) and V's FP8 scale kernel alone, with CUDA events, on the benchmark shapes, and prints a checksum of every output so
 // that builds with different tuning knobs (SAGE_QUANT_THREADS, SAGE_QUANT_KEEP_MAX,
 // SAGE_QUANT_MIN_CTAS) can be checked for identical results. Kernel developers' tool, no torch:
 //
@@ -7,7 +6,8 @@
 //        -o /tmp/quant_bench benchmarks/gpu_dev_quant_bench.cu && /tmp/quant_bench
 //
 // Inputs: fp16 [B, H, N, D] HND, values a fixed function of the index in [-4, 4); K with a token
-// mean to subtract (smoothing); per_thread granularity, the native ops' default.
+// mean to subtract (smoothing: the V scale kernel's mean of the same tensor); per_thread
+// granularity, the native ops' default.
 #include <cstdio>
 #include <cstdint>
 #include <vector>
@@ -45,38 +45,44 @@ int main() {
     const int B = s[0], H = s[1], N = s[2], D = s[3];
     const int64_t n = int64_t(B) * H * N * D;
     __half* x;
-    float *mean, *scale, *partial;
+    float *mean, *scale, *partial, *vscale;
     int8_t* out;
     int* arrivals;
     CHECK(cudaMalloc(&x, n * 2));
     CHECK(cudaMalloc(&out, n + int64_t(B) * H * 128 * D));
     CHECK(cudaMalloc(&mean, int64_t(B) * H * D * 4));
     CHECK(cudaMalloc(&scale, int64_t(B) * H * (N / 32 + 4) * 8 * 4));
-    CHECK(cudaMalloc(&partial, int64_t(B) * H * (N / 64 + 1) * D * 4));
+    CHECK(cudaMalloc(&partial, int64_t(B) * H * (N / 64 + 1) * 3 * D * 4));
+    CHECK(cudaMalloc(&vscale, int64_t(B) * H * D * 4));
     CHECK(cudaMalloc(&arrivals, int64_t(B) * H * 4));
     fill<<<1024, 256>>>(x, n, 12345u);
 
-    // K's mean first (the token statistics kernel), then Q and K to INT8.
-    sage::TokenStatsParams st{};
-    st.x = x; st.x_sb = int64_t(H) * N * D; st.x_sh = int64_t(N) * D; st.x_sn = D;
-    st.heads = H; st.tokens = N; st.head_dim = D;
-    st.chunk_tokens = sage::token_stats_chunk_tokens(D);
-    st.chunks = (N + st.chunk_tokens - 1) / st.chunk_tokens;
-    st.partial = partial; st.arrivals = arrivals; st.mean = mean;
-    auto run_stats = [&] {
-      cudaMemsetAsync(arrivals, 0, int64_t(B) * H * 4);
-      return sage::launch_token_stats(st, B, sage::DType::kFloat16, sage::TokenStat::kMean, 0);
-    };
-    CHECK(run_stats());
+    // V's FP8 scale without and with smoothing (which also gives the mean K subtracts below).
     float ms = 0.f;
     const int reps = 50;
-    CHECK(cudaEventRecord(t0));
-    for (int r = 0; r < reps; ++r) run_stats();
-    CHECK(cudaEventRecord(t1));
-    CHECK(cudaEventSynchronize(t1));
-    CHECK(cudaEventElapsedTime(&ms, t0, t1));
-    std::printf("%dx%dx%dx%d token mean (with its memset): %7.1f us  %.2f TB/s  sum %016llx\n", B, H, N, D,
-                1e3 * ms / reps, n * 2 / (1e9 * ms / reps), (unsigned long long)checksum(mean, int64_t(B) * H * D * 4));
+    for (int smooth = 0; smooth < 2; ++smooth) {
+      sage::VScaleParams st{};
+      st.v = x; st.v_sb = int64_t(H) * N * D; st.v_sh = int64_t(N) * D; st.v_sn = D;
+      st.heads = H; st.tokens = N; st.head_dim = D;
+      st.chunk_tokens = sage::v_scale_chunk_tokens(D);
+      st.chunks = (N + st.chunk_tokens - 1) / st.chunk_tokens;
+      st.partial = partial; st.arrivals = arrivals; st.scale = vscale; st.mean = smooth ? mean : nullptr;
+      st.scale_max = 448.f;
+      auto run_scale = [&] {
+        cudaMemsetAsync(arrivals, 0, int64_t(B) * H * 4);
+        return sage::launch_v_scale(st, B, sage::DType::kFloat16, smooth, 0);
+      };
+      CHECK(run_scale());
+      CHECK(cudaEventRecord(t0));
+      for (int r = 0; r < reps; ++r) run_scale();
+      CHECK(cudaEventRecord(t1));
+      CHECK(cudaEventSynchronize(t1));
+      CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      std::printf("%dx%dx%dx%d V FP8 scale%s (with its memset): %7.1f us  %.2f TB/s  sum %016llx\n", B, H, N,
+                  D, smooth ? " and mean" : "", 1e3 * ms / reps, n * 2 / (1e9 * ms / reps),
+                  (unsigned long long)(checksum(vscale, int64_t(B) * H * D * 4) ^
+                                       (smooth ? checksum(mean, int64_t(B) * H * D * 4) : 0)));
+    }
 
     for (int is_key = 0; is_key < 2; ++is_key) {
       sage::QuantInt8Params p{};
@@ -102,7 +108,7 @@ int main() {
                   (unsigned long long)sum);
     }
     CHECK(cudaFree(x)); CHECK(cudaFree(out)); CHECK(cudaFree(mean)); CHECK(cudaFree(scale));
-    CHECK(cudaFree(partial)); CHECK(cudaFree(arrivals));
+    CHECK(cudaFree(partial)); CHECK(cudaFree(arrivals)); CHECK(cudaFree(vscale));
   }
   return 0;
 }

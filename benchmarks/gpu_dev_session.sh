@@ -13,7 +13,8 @@
 # table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; run it last:
 # it leaves that wheel installed).
-# Environment: OUT, STEPS, LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
+# Environment: OUT, STEPS, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
+# --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
@@ -54,7 +55,7 @@ for step in $STEPS; do
     triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
     bench) # after calibrate: sageattn dispatches with the table just measured
            if [ -f "$S/sm90.json" ]; then export SAGEATTENTION_CALIBRATION=$S/sm90.json; fi
-           t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ;;
+           t bench 240 python3 -m sageattention.benchmark --json "$S/bench.json" ${BENCH_ARGS:-} ;;
     calibrate) t calibrate 300 python3 -m sageattention.calibrate --out "$S/sm90.json" \
                  --benchmark-json "$S/calibration-benchmark.json" ;;
     table) # the table calibrate just measured, rebuilt from its raw JSON at the path it will be

@@ -43,33 +43,31 @@ struct QuantFp8Params {
   int heads, tokens, padded_tokens, head_dim;
 };
 
-// Per-channel statistics of x over its tokens: K's mean (smoothing) and V's FP8 scale
-// max(amax / scale_max, 1e-8), amax = max |x| or, with V smoothing, max |x - mean|. Each CTA
-// reduces a chunk of tokens into a partial result; the last CTA of a (batch, head) to finish
-// reduces the partials in chunk order (the same result on every run) and writes the outputs.
-enum class TokenStat : int { kMean = 0, kFp8Scale = 1, kMeanFp8Scale = 2 };
-constexpr int kTokenStatsThreads = 256;
-constexpr int kTokenStatsRowsPerThread = 8;  // 16-byte loads in flight per thread
-// The stats kernel gives each thread 8 fixed channels: D / 8 must divide the thread count.
-inline bool token_stats_supported(int head_dim) {
-  return head_dim % 8 == 0 && head_dim > 0 && head_dim <= 256 &&
-         kTokenStatsThreads % (head_dim / 8) == 0;
+// V's per-channel FP8 scale max(amax / scale_max, 1e-8), amax = max |v| over the tokens or, with
+// V smoothing, max |v - mean| (and the mean itself). Each CTA reduces a chunk of tokens into a
+// partial result; the last CTA of a (batch, head) to finish reduces the partials in chunk order
+// (the same result on every run) and writes the outputs.
+constexpr int kVScaleThreads = 256;
+constexpr int kVScaleRowsPerThread = 8;  // 16-byte loads in flight per thread
+// Each thread keeps 8 fixed channels: D / 8 must divide the thread count.
+inline bool v_scale_kernel_supported(int head_dim) {
+  return head_dim % 8 == 0 && head_dim > 0 && head_dim <= 256 && kVScaleThreads % (head_dim / 8) == 0;
 }
-inline int token_stats_chunk_tokens(int head_dim) {
-  return kTokenStatsRowsPerThread * (kTokenStatsThreads / (head_dim / 8));
+inline int v_scale_chunk_tokens(int head_dim) {
+  return kVScaleRowsPerThread * (kVScaleThreads / (head_dim / 8));
 }
-// Partial results per chunk: the sum (kMean), max |x| (kFp8Scale), or sum, min and max.
-inline int token_stats_partials(TokenStat stat) { return stat == TokenStat::kMeanFp8Scale ? 3 : 1; }
-struct TokenStatsParams {
-  const void* x;           // fp16/bf16, element strides below, last dim contiguous
-  int64_t x_sb, x_sh, x_sn;
+// Partial results per chunk: max |v|, or with smoothing the sum, min and max.
+inline int v_scale_partials(bool smooth) { return smooth ? 3 : 1; }
+struct VScaleParams {
+  const void* v;           // fp16/bf16, element strides below, last dim contiguous
+  int64_t v_sb, v_sh, v_sn;
   int heads, tokens, head_dim;
-  int chunk_tokens;        // tokens per CTA: token_stats_chunk_tokens(head_dim)
+  int chunk_tokens;        // tokens per CTA: v_scale_chunk_tokens(head_dim)
   int chunks;              // ceil(tokens / chunk_tokens)
-  float* partial;          // scratch [B, H, chunks, token_stats_partials(stat), D]
+  float* partial;          // scratch [B, H, chunks, v_scale_partials(smooth), D]
   int* arrivals;           // [B, H], zero at launch: CTAs of each (batch, head) done so far
-  float* mean;             // [B, H, D] out (kMean, kMeanFp8Scale), else null
-  float* scale;            // [B, H, D] out (kFp8Scale, kMeanFp8Scale), else null
+  float* scale;            // [B, H, D] out
+  float* mean;             // [B, H, D] out with smoothing, else null
   float scale_max;         // the value amax maps to (e4m3's 448, or less)
 };
 

@@ -5,8 +5,8 @@
 //     past the sequence end are zero.
 //   * quant_v_fp8_kernel: V -> e4m3, transposed to [B, H, D, Npad] with the token order permuted
 //     inside each 16-token group so one ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
-//   * token_stats_kernel: per-channel statistics over the tokens (K's mean for smoothing, V's
-//     FP8 scale), one kernel for the reduction and its end.
+//   * v_scale_kernel: V's per-channel FP8 scale over the tokens (and its mean when smoothing), the
+//     reduction and its end in one kernel.
 // CUDA headers only.
 #pragma once
 #include <cstdint>
@@ -17,7 +17,6 @@
 
 #include "attn_params.h"
 #include "exact_div.h"
-#include "ptx.cuh"
 
 namespace sage {
 
@@ -65,11 +64,6 @@ constexpr int kQuantThreads = 128;
 #endif
 #ifndef SAGE_QUANT_MIN_CTAS
 #define SAGE_QUANT_MIN_CTAS 0
-#endif
-// 1: quant_int8_staged_kernel (the block staged in shared memory by cp.async) instead of
-// quant_int8_kernel (the block held in registers).
-#ifndef SAGE_QUANT_STAGED
-#define SAGE_QUANT_STAGED 0
 #endif
 constexpr int kInt8QuantThreads = SAGE_QUANT_THREADS;
 constexpr float kScaleFloor = 1e-8f;
@@ -211,75 +205,6 @@ __global__ void __launch_bounds__(kInt8QuantThreads, SAGE_QUANT_MIN_CTAS) quant_
   }
 }
 
-// The same quantization with the block staged in shared memory by cp.async instead of registers:
-// the copies hold no registers while in flight, so more CTAs (and more bytes) are in flight per
-// SM. Dynamic shared memory: block_tokens * head_dim * 2 bytes. Same outputs bit for bit.
-template <typename T>
-__global__ void __launch_bounds__(kInt8QuantThreads) quant_int8_staged_kernel(QuantInt8Params p) {
-  extern __shared__ uint4 s_raw[];
-  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int n0 = blk * p.block_tokens;
-  const int chunks_per_row = p.head_dim / 8;
-  const int n_chunks = p.block_tokens * chunks_per_row;
-  __shared__ unsigned int s_amax[8];  // bit patterns of non-negative floats: int max == float max
-  if (threadIdx.x < 8) s_amax[threadIdx.x] = 0u;
-
-  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
-  const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.head_dim : nullptr;
-  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
-    const bool valid = n0 + tok < p.tokens;  // never read past the end: zero-filled instead
-    cp_async_16(smem_u32(s_raw + c), valid ? x + (n0 + tok) * p.x_sn + d0 : x, valid);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();  // s_raw landed, s_amax initialised
-
-  float local[8];
-  #pragma unroll
-  for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
-  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
-    if (n0 + tok >= p.tokens) continue;
-    float v[8];
-    chunk_values<T>(s_raw[c], mean, d0, p.scale_mult, v);
-    float m = 0.f;
-    #pragma unroll
-    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
-    const int gi = group_in_block(tok, p.groups_per_block);
-    #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j == gi) local[j] = fmaxf(local[j], m);  // constant indices keep `local` in registers
-  }
-  for (int gi = 0; gi < p.groups_per_block; ++gi)
-    if (local[gi] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[gi]));
-  __syncthreads();
-
-  const int64_t scale_base = (static_cast<int64_t>(b) * p.heads + h) * p.scale_groups +
-                             static_cast<int64_t>(blk) * p.groups_per_block;
-  if (threadIdx.x < p.groups_per_block) {
-    const float scale = fmaxf(__uint_as_float(s_amax[threadIdx.x]) / 127.f, kScaleFloor);
-    p.scale_out[scale_base + threadIdx.x] = scale;
-  }
-  int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
-  for (int c = threadIdx.x; c < n_chunks; c += kInt8QuantThreads) {
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
-    uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
-    if (n0 + tok < p.tokens) {
-      const int gi = group_in_block(tok, p.groups_per_block);
-      const ExactDivisor div(fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor));
-      float v[8];
-      chunk_values<T>(s_raw[c], mean, d0, p.scale_mult, v);
-      uint32_t r[8];
-      #pragma unroll
-      for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(div(v[k]));
-      packed = make_uint2(pack_low_bytes(r[0], r[1], r[2], r[3]),
-                          pack_low_bytes(r[4], r[5], r[6], r[7]));
-    }
-    *reinterpret_cast<uint2*>(out + tok * p.head_dim + d0) = packed;
-  }
-}
-
 // Stored position q (0..15) in a 16-token group holds token perm16(q): the mma A fragment of P
 // for byte 4t+i is the S accumulator column 2t + (i & 1) + 8 * (i >> 1).
 __host__ __device__ __forceinline__ int perm16(int q) {
@@ -386,81 +311,77 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
 }
 
 
-// Grid: (chunks, H, B), kTokenStatsThreads threads. One CTA reduces chunk_tokens tokens of one
+// Grid: (chunks, H, B), kVScaleThreads threads. One CTA reduces chunk_tokens tokens of one
 // (batch, head) over each channel into a partial result; the last of its (batch, head) to arrive
-// reduces the partials in a fixed order and writes the mean and/or the FP8 scale (no atomics on
-// values: the same result on every run). Thread t keeps the same 8 channels for all its tokens
-// and has its kTokenStatsRowsPerThread loads in flight together. ATen's mean and aminmax over the
-// token dim, which this replaces, ran at 2.0-3.2 TB/s on the H200, plus their own small reductions.
-template <typename T, TokenStat STAT>
-__global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenStatsParams p) {
-  constexpr bool kSum = STAT != TokenStat::kFp8Scale;
-  constexpr bool kMinMax = STAT == TokenStat::kMeanFp8Scale;
-  constexpr int kParts = STAT == TokenStat::kMeanFp8Scale ? 3 : 1;  // token_stats_partials(STAT)
-  constexpr int kRows = kTokenStatsRowsPerThread;
+// reduces the partials in a fixed order and writes the scale (and mean): no atomics on values,
+// the same result on every run. Thread t keeps the same 8 channels for all its tokens and has its
+// kVScaleRowsPerThread loads in flight together. It replaces ATen's aminmax over the token dim
+// (2.0-2.6 TB/s on the H200) and the four small element-wise launches after it.
+template <typename T, bool SMOOTH>
+__global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p) {
+  constexpr int kParts = SMOOTH ? 3 : 1;  // v_scale_partials(SMOOTH)
+  constexpr int kRows = kVScaleRowsPerThread;
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int D = p.head_dim, chunks_per_row = D / 8;
-  const int lanes_per_pass = kTokenStatsThreads / chunks_per_row;  // tokens read at once
+  const int lanes_per_pass = kVScaleThreads / chunks_per_row;  // tokens read at once
   const int d0 = (threadIdx.x % chunks_per_row) * 8, row0 = threadIdx.x / chunks_per_row;
   const int n0 = chunk * p.chunk_tokens;
   const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
-  const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
+  const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
   const float inf = __int_as_float(0x7f800000);
 
   uint4 raw[kRows];
   #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int tok = n0 + row0 + i * lanes_per_pass;
-    raw[i] = tok < p.tokens ? *reinterpret_cast<const uint4*>(x + tok * p.x_sn + d0)
+    raw[i] = tok < p.tokens ? *reinterpret_cast<const uint4*>(v + tok * p.v_sn + d0)
                             : make_uint4(0u, 0u, 0u, 0u);
   }
-  // Tokens past the end were read as zeros: they add nothing to the sum or to max |x|, but
+  // Tokens past the end were read as zeros: they add nothing to the sum or to max |v|, but
   // min and max must skip them.
   float sum[8], lo[8], hi[8];
   #pragma unroll
-  for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = kMinMax ? -inf : 0.f; }
+  for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = SMOOTH ? -inf : 0.f; }
   #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const bool valid = n0 + row0 + i * lanes_per_pass < p.tokens;
     const uint32_t in[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
     #pragma unroll
     for (int k = 0; k < 8; k += 2) {
-      const float2 v = unpack_pair<T>(in[k / 2]);
-      if constexpr (kSum) { sum[k] += v.x; sum[k + 1] += v.y; }
-      if constexpr (kMinMax) {
+      const float2 x = unpack_pair<T>(in[k / 2]);
+      if constexpr (SMOOTH) {
+        sum[k] += x.x; sum[k + 1] += x.y;
         if (valid) {
-          lo[k] = fminf(lo[k], v.x); lo[k + 1] = fminf(lo[k + 1], v.y);
-          hi[k] = fmaxf(hi[k], v.x); hi[k + 1] = fmaxf(hi[k + 1], v.y);
+          lo[k] = fminf(lo[k], x.x); lo[k + 1] = fminf(lo[k + 1], x.y);
+          hi[k] = fmaxf(hi[k], x.x); hi[k + 1] = fmaxf(hi[k + 1], x.y);
         }
-      } else if constexpr (!kSum) {
-        hi[k] = fmaxf(hi[k], fabsf(v.x));
-        hi[k + 1] = fmaxf(hi[k + 1], fabsf(v.y));
+      } else {
+        hi[k] = fmaxf(hi[k], fabsf(x.x));
+        hi[k + 1] = fmaxf(hi[k + 1], fabsf(x.y));
       }
     }
   }
-  // [row][channel] of each statistic, then summed / maxed over the rows in row order.
-  __shared__ float s_sum[kSum ? kTokenStatsThreads * 8 : 1];
-  __shared__ float s_lo[kMinMax ? kTokenStatsThreads * 8 : 1];
-  __shared__ float s_hi[kSum && !kMinMax ? 1 : kTokenStatsThreads * 8];
+  // [row][channel] of each statistic, then summed / min'd / max'd over the rows in row order.
+  __shared__ float s_sum[SMOOTH ? kVScaleThreads * 8 : 1];
+  __shared__ float s_lo[SMOOTH ? kVScaleThreads * 8 : 1];
+  __shared__ float s_hi[kVScaleThreads * 8];
   __shared__ int s_last;
   const int slot = row0 * D + d0;
   #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    if constexpr (kSum) s_sum[slot + k] = sum[k];
-    if constexpr (kMinMax) s_lo[slot + k] = lo[k];
-    if constexpr (!kSum || kMinMax) s_hi[slot + k] = hi[k];
+    if constexpr (SMOOTH) { s_sum[slot + k] = sum[k]; s_lo[slot + k] = lo[k]; }
+    s_hi[slot + k] = hi[k];
   }
   __syncthreads();
   float* part = p.partial + (bh * p.chunks + chunk) * kParts * D;
-  for (int d = threadIdx.x; d < D; d += kTokenStatsThreads) {
-    float s = 0.f, l = inf, m = kMinMax ? -inf : 0.f;
+  for (int d = threadIdx.x; d < D; d += kVScaleThreads) {
+    float s = 0.f, l = inf, m = SMOOTH ? -inf : 0.f;
     for (int r = 0; r < lanes_per_pass; ++r) {
-      if constexpr (kSum) s += s_sum[r * D + d];
-      if constexpr (kMinMax) l = fminf(l, s_lo[r * D + d]);
-      if constexpr (!kSum || kMinMax) m = fmaxf(m, s_hi[r * D + d]);
+      if constexpr (SMOOTH) { s += s_sum[r * D + d]; l = fminf(l, s_lo[r * D + d]); }
+      m = fmaxf(m, s_hi[r * D + d]);
     }
-    if constexpr (kMinMax) { part[d] = s; part[D + d] = l; part[2 * D + d] = m; }
-    else part[d] = kSum ? s : m;
+    if constexpr (SMOOTH) { part[d] = s; part[D + d] = l; part[2 * D + d] = m; }
+    else part[d] = m;
   }
 
   // The last CTA of this (batch, head) reduces the partials (release: fence, then arrive).
@@ -471,32 +392,25 @@ __global__ void __launch_bounds__(kTokenStatsThreads) token_stats_kernel(TokenSt
   if (!s_last) return;
   __threadfence();  // acquire: the other CTAs' partials are visible from here (read past L1)
   const float* parts = p.partial + bh * p.chunks * kParts * D;
-  for (int d = threadIdx.x; d < D; d += kTokenStatsThreads) {
-    float s = 0.f, l = inf, m = kMinMax ? -inf : 0.f;
+  for (int d = threadIdx.x; d < D; d += kVScaleThreads) {
+    float s = 0.f, l = inf, m = SMOOTH ? -inf : 0.f;
     #pragma unroll 4
     for (int c = 0; c < p.chunks; ++c) {
       const float* pc = parts + static_cast<int64_t>(c) * kParts * D;
-      if constexpr (kMinMax) {
+      if constexpr (SMOOTH) {
         s += __ldcg(pc + d);
         l = fminf(l, __ldcg(pc + D + d));
-        m = fmaxf(m, __ldcg(pc + 2 * D + d));
-      } else if constexpr (kSum) {
-        s += __ldcg(pc + d);
-      } else {
-        m = fmaxf(m, __ldcg(pc + d));
       }
+      m = fmaxf(m, __ldcg(pc + (kParts - 1) * D + d));
     }
     const int64_t o = bh * D + d;
-    float mean = 0.f;
-    if constexpr (kSum) {
-      mean = __fdiv_rn(s, static_cast<float>(p.tokens));
+    float amax = m;
+    if constexpr (SMOOTH) {
+      const float mean = __fdiv_rn(s, static_cast<float>(p.tokens));
       p.mean[o] = mean;
+      amax = fmaxf(m - mean, mean - l);  // max |v - mean|: rounding is monotonic
     }
-    if constexpr (!kSum || kMinMax) {
-      // with smoothing, max |x - mean| = max(max - mean, mean - min): rounding is monotonic
-      const float amax = kMinMax ? fmaxf(m - mean, mean - l) : m;
-      p.scale[o] = fmaxf(__fdiv_rn(amax, p.scale_max), 1e-8f);
-    }
+    p.scale[o] = fmaxf(__fdiv_rn(amax, p.scale_max), 1e-8f);
   }
 }
 
@@ -508,17 +422,6 @@ namespace sage {
 inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType dtype,
                                      cudaStream_t stream) {
   const dim3 grid(p.padded_tokens / p.block_tokens, p.heads, batch);
-  if (SAGE_QUANT_STAGED) {
-    const int smem = p.block_tokens * p.head_dim * 2;  // up to 128 tokens x 256 channels: 64 KB
-    auto kernel = dtype == DType::kFloat16 ? quant_int8_staged_kernel<__half>
-                                           : quant_int8_staged_kernel<__nv_bfloat16>;
-    if (smem > 48 * 1024) {
-      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (err != cudaSuccess) return err;
-    }
-    kernel<<<grid, kInt8QuantThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  }
   // chunks per thread, rounded up to the next instantiated size (head dim <= 256, block <= 128)
   const int per_thread = (p.block_tokens * (p.head_dim / 8) + kInt8QuantThreads - 1) / kInt8QuantThreads;
   auto launch = [&](auto chunks) {
@@ -553,21 +456,20 @@ inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType 
 }
 
 
-inline cudaError_t launch_token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
-                                      cudaStream_t stream) {
-  if (!token_stats_supported(p.head_dim) || p.chunk_tokens != token_stats_chunk_tokens(p.head_dim))
+inline cudaError_t launch_v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth,
+                                  cudaStream_t stream) {
+  if (!v_scale_kernel_supported(p.head_dim) || p.chunk_tokens != v_scale_chunk_tokens(p.head_dim))
     return cudaErrorInvalidValue;
   const dim3 grid(p.chunks, p.heads, batch);
-  auto launch = [&](auto stat_constant) {
-    constexpr TokenStat kStat = decltype(stat_constant)::value;
+  auto launch = [&](auto smooth_constant) {
+    constexpr bool kSmooth = decltype(smooth_constant)::value;
     if (dtype == DType::kFloat16)
-      token_stats_kernel<__half, kStat><<<grid, kTokenStatsThreads, 0, stream>>>(p);
+      v_scale_kernel<__half, kSmooth><<<grid, kVScaleThreads, 0, stream>>>(p);
     else
-      token_stats_kernel<__nv_bfloat16, kStat><<<grid, kTokenStatsThreads, 0, stream>>>(p);
+      v_scale_kernel<__nv_bfloat16, kSmooth><<<grid, kVScaleThreads, 0, stream>>>(p);
   };
-  if (stat == TokenStat::kMean) launch(std::integral_constant<TokenStat, TokenStat::kMean>{});
-  else if (stat == TokenStat::kFp8Scale) launch(std::integral_constant<TokenStat, TokenStat::kFp8Scale>{});
-  else launch(std::integral_constant<TokenStat, TokenStat::kMeanFp8Scale>{});
+  if (smooth) launch(std::true_type{});
+  else launch(std::false_type{});
   return cudaGetLastError();
 }
 

@@ -128,49 +128,8 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   return {out, scale};
 }
 
-using TokenStatsLauncher = cudaError_t (*)(const TokenStatsParams&, int, DType, TokenStat, cudaStream_t);
-
-// Per-channel statistics of x ([B, H, N, D] through its layout, vector_friendly) over its tokens
-// from the family's token_stats kernel: the mean and/or the FP8 scale max(amax / scale_max, 1e-8),
-// each [B, H, D] fp32 (the unused one undefined); nullopt where the kernel does not apply (head
-// dims whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
-struct TokenStats {
-  at::Tensor mean, scale;
-};
-inline c10::optional<TokenStats> token_stats(TokenStatsLauncher launch, const at::Tensor& x, bool hnd,
-                                             TokenStat stat, double scale_max = 0.0) {
-  const View X = view_of(x, hnd);
-  if (!token_stats_supported(static_cast<int>(X.D)) || X.N == 0 || X.B == 0 || X.H == 0)
-    return c10::nullopt;
-  TokenStatsParams p{};
-  p.x = x.data_ptr();
-  p.x_sb = X.sb; p.x_sh = X.sh; p.x_sn = X.sn;
-  p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
-  p.chunk_tokens = token_stats_chunk_tokens(static_cast<int>(X.D));
-  p.chunks = (X.N + p.chunk_tokens - 1) / p.chunk_tokens;
-  const auto f32 = x.options().dtype(at::kFloat);
-  const at::Tensor partial = at::empty({X.B, X.H, p.chunks, token_stats_partials(stat), X.D}, f32);
-  const at::Tensor arrivals = at::zeros({X.B, X.H}, x.options().dtype(at::kInt));
-  p.partial = partial.data_ptr<float>();
-  p.arrivals = arrivals.data_ptr<int>();
-  TokenStats r;
-  if (stat != TokenStat::kFp8Scale) {
-    r.mean = at::empty({X.B, X.H, X.D}, f32);
-    p.mean = r.mean.data_ptr<float>();
-  }
-  if (stat != TokenStat::kMean) {
-    r.scale = at::empty({X.B, X.H, X.D}, f32);
-    p.scale = r.scale.data_ptr<float>();
-    p.scale_max = static_cast<float>(scale_max);
-  }
-  const cudaError_t err = launch(p, X.B, dtype_of(x), stat, at::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "token_stats launch failed: ", cudaGetErrorString(err));
-  return r;
-}
-
-// x's mean over tokens in fp32, [B, H, D] contiguous (x vector_friendly).
-inline at::Tensor token_mean(TokenStatsLauncher launch, const at::Tensor& x, bool hnd) {
-  if (auto stats = token_stats(launch, x, hnd, TokenStat::kMean)) return stats->mean;
+// K mean over tokens in fp32, [B, H, D] contiguous.
+inline at::Tensor token_mean(const at::Tensor& x, bool hnd) {
   return at::mean(x, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
 }
 
@@ -184,6 +143,38 @@ inline void add_smoothing_lse(at::Tensor& lse, const at::Tensor& q, const at::Te
 }
 
 using QuantFp8Launcher = cudaError_t (*)(const QuantFp8Params&, int, DType, cudaStream_t);
+using VScaleLauncher = cudaError_t (*)(const VScaleParams&, int, DType, bool, cudaStream_t);
+
+// V's per-channel FP8 scale [B, H, D] fp32 (and its token mean with smoothing, else undefined)
+// from the family's v_scale kernel (v vector_friendly); nullopt where the kernel does not apply
+// (head dims whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
+inline c10::optional<std::pair<at::Tensor, at::Tensor>> v_scale_by_kernel(
+    VScaleLauncher launch, const at::Tensor& v, bool hnd, bool smooth, double v_max) {
+  const View V = view_of(v, hnd);
+  if (!v_scale_kernel_supported(static_cast<int>(V.D)) || V.N == 0 || V.B == 0 || V.H == 0)
+    return c10::nullopt;
+  VScaleParams p{};
+  p.v = v.data_ptr();
+  p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
+  p.heads = V.H; p.tokens = V.N; p.head_dim = V.D;
+  p.chunk_tokens = v_scale_chunk_tokens(static_cast<int>(V.D));
+  p.chunks = (V.N + p.chunk_tokens - 1) / p.chunk_tokens;
+  const auto f32 = v.options().dtype(at::kFloat);
+  const at::Tensor partial = at::empty({V.B, V.H, p.chunks, v_scale_partials(smooth), V.D}, f32);
+  const at::Tensor arrivals = at::zeros({V.B, V.H}, v.options().dtype(at::kInt));
+  at::Tensor scale = at::empty({V.B, V.H, V.D}, f32), mean;
+  p.partial = partial.data_ptr<float>();
+  p.arrivals = arrivals.data_ptr<int>();
+  p.scale = scale.data_ptr<float>();
+  if (smooth) {
+    mean = at::empty({V.B, V.H, V.D}, f32);
+    p.mean = mean.data_ptr<float>();
+  }
+  p.scale_max = static_cast<float>(v_max);
+  const cudaError_t err = launch(p, V.B, dtype_of(v), smooth, at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "v_scale launch failed: ", cudaGetErrorString(err));
+  return std::make_pair(scale, mean);
+}
 
 // FP8 P.V's static P scale and the value V's per-channel amax maps to by default (e4m3's max).
 constexpr double kFp8Max = 448.0;
@@ -191,7 +182,7 @@ constexpr double kFp8Max = 448.0;
 // V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
 // per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launcher launch,
-                                                                  TokenStatsLauncher stats_launch,
+                                                                  VScaleLauncher scale_launch,
                                                                   const at::Tensor& v_in, bool hnd,
                                                                   bool smooth_v, double v_max) {
   TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
@@ -204,16 +195,15 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
   check_grid_limit(V, "v");
   // scale = max(amax / v_max, 1e-8), amax = max |v| or, smoothing, max |v - mean|
   at::Tensor mean, scale;
-  if (auto stats = token_stats(stats_launch, v, hnd,
-                               smooth_v ? TokenStat::kMeanFp8Scale : TokenStat::kFp8Scale, v_max)) {
-    mean = smooth_v ? stats->mean : at::empty({0}, v.options().dtype(at::kFloat));
-    scale = stats->scale;
+  if (auto by_kernel = v_scale_by_kernel(scale_launch, v, hnd, smooth_v, v_max)) {
+    std::tie(scale, mean) = *by_kernel;
+    if (!smooth_v) mean = at::empty({0}, v.options().dtype(at::kFloat));
   } else {
     const int64_t tok_dim = hnd ? 2 : 1;
     auto [vmin, vmax] = at::aminmax(v, tok_dim, false);  // [B, H, D]
     at::Tensor amax;
     if (smooth_v) {
-      mean = at::mean(v, {tok_dim}, false, at::kFloat).contiguous();
+      mean = token_mean(v, hnd);
       // max |v - mean| = max(vmax - mean, mean - vmin), exact because rounding is monotonic.
       amax = at::maximum(vmax.to(at::kFloat) - mean, mean - vmin.to(at::kFloat));
     } else {
@@ -259,12 +249,10 @@ struct QuantizedQK {
   at::Tensor q_i8, q_scale, k_i8, k_scale;
 };
 
-inline QuantizedQK quantize_qk(QuantInt8Launcher launch, TokenStatsLauncher stats, const at::Tensor& q,
-                               const at::Tensor& k_in, bool hnd, QuantGran gran, double sm_scale,
-                               bool smooth_k) {
-  const at::Tensor k = vector_friendly(k_in);  // one copy, if any, for the mean and the quantization
+inline QuantizedQK quantize_qk(QuantInt8Launcher launch, const at::Tensor& q, const at::Tensor& k,
+                               bool hnd, QuantGran gran, double sm_scale, bool smooth_k) {
   QuantizedQK r{view_of(q, hnd), view_of(k, hnd), c10::nullopt, {}, {}, {}, {}};
-  if (smooth_k) r.k_mean = token_mean(stats, k, hnd);
+  if (smooth_k) r.k_mean = token_mean(k, hnd);
   std::tie(r.q_i8, r.q_scale) = quant_int8(launch, q, c10::nullopt, hnd, gran, false, sm_scale * kLog2e);
   std::tie(r.k_i8, r.k_scale) = quant_int8(launch, k, r.k_mean, hnd, gran, true, 1.0);
   return r;
@@ -316,7 +304,7 @@ using AttnFp8Launcher = cudaError_t (*)(const AttnParams&, PvAccum, DType, cudaS
 struct Fp8Kernels {
   QuantInt8Launcher quant_int8;
   QuantFp8Launcher quant_v_fp8;
-  TokenStatsLauncher token_stats;
+  VScaleLauncher v_scale;
   AttnFp8Launcher attn_hd64, attn_hd128;
 };
 
@@ -326,11 +314,10 @@ inline std::tuple<at::Tensor, at::Tensor> run_fp8_attention(
     const char* op_namespace, const Fp8Kernels& kernels, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, bool hnd, QuantGran gran, PvAccum accum, bool is_causal, double sm_scale,
     bool smooth_k, bool smooth_v, bool return_lse, double v_max) {
-  const QuantizedQK qk =
-      quantize_qk(kernels.quant_int8, kernels.token_stats, q, k, hnd, gran, sm_scale, smooth_k);
+  const QuantizedQK qk = quantize_qk(kernels.quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
   at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
   std::tie(v8, v_scale, v_mean) =
-      quant_v_fp8(kernels.quant_v_fp8, kernels.token_stats, v, hnd, smooth_v, v_max);
+      quant_v_fp8(kernels.quant_v_fp8, kernels.v_scale, v, hnd, smooth_v, v_max);
   const DType od = dtype_of(q);
   return run_attention(
       op_namespace, q, qk, hnd, gran, is_causal, smooth_k, return_lse, sm_scale,

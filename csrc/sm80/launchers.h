@@ -7,9 +7,6 @@
 namespace sage::sm80 {
 
 cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
-// Per-channel sum / max |x| / min and max over the tokens, per chunk (K's mean, V's FP8 scale).
-cudaError_t token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
-                        cudaStream_t stream);
 // INT8 QK^T, FP16 PV. accum: kF32, kF16F32 or kF16; out_dtype is q's, and with kF32 also V's
 // (pv_in_bf16: bfloat16 V runs P.V in bf16); the fp16-accumulating modes take fp16 V.
 cudaError_t attn_hd64(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream);

@@ -8,9 +8,4 @@ cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStr
   return launch_quant_int8(p, batch, dtype, stream);
 }
 
-cudaError_t token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
-                        cudaStream_t stream) {
-  return launch_token_stats(p, batch, dtype, stat, stream);
-}
-
 }  // namespace sage::sm90

@@ -8,9 +8,8 @@
 namespace sage::sm90_fp8 {
 
 cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
-// Per-channel sum / max |x| / min and max over the tokens, per chunk (K's mean, V's FP8 scale).
-cudaError_t token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
-                        cudaStream_t stream);
+// V's per-channel FP8 scale max(amax / scale_max, 1e-8) (and its token mean when smoothing).
+cudaError_t v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth, cudaStream_t stream);
 // V -> e4m3 V^T in the sm89 family's layout (tokens permuted in 16-token groups).
 cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStream_t stream);
 // INT8 QK^T, FP8 e4m3 PV on wgmma. accum: kF32 (straight into O) or kF32F32 (two-level).

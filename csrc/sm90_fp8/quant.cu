@@ -13,9 +13,8 @@ cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStr
   return launch_quant_v_fp8(p, batch, dtype, stream);
 }
 
-cudaError_t token_stats(const TokenStatsParams& p, int batch, DType dtype, TokenStat stat,
-                        cudaStream_t stream) {
-  return launch_token_stats(p, batch, dtype, stat, stream);
+cudaError_t v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth, cudaStream_t stream) {
+  return launch_v_scale(p, batch, dtype, smooth, stream);
 }
 
 }  // namespace sage::sm90_fp8
