@@ -68,18 +68,25 @@ constexpr int kQuantThreads = 128;
 constexpr int kInt8QuantThreads = SAGE_QUANT_THREADS;
 constexpr float kScaleFloor = 1e-8f;
 
-// The 8 channels d0..d0+7 of one token, minus the mean (K smoothing), times scale_mult.
-template <typename T>
-__device__ __forceinline__ void chunk_values(const uint4& raw, const float* mean, int d0,
-                                             float scale_mult, float (&v)[8]) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-  float m[8] = {};
-  if (mean) {  // 32-byte aligned: [B, H, D] fp32 contiguous with D % 8 == 0
-    const float4 lo = *reinterpret_cast<const float4*>(mean + d0);
-    const float4 hi = *reinterpret_cast<const float4*>(mean + d0 + 4);
-    m[0] = lo.x; m[1] = lo.y; m[2] = lo.z; m[3] = lo.w;
-    m[4] = hi.x; m[5] = hi.y; m[6] = hi.z; m[7] = hi.w;
+// The means of channels d0..d0+7 (K smoothing), or zeros without a mean.
+__device__ __forceinline__ void load_mean8(const float* mean, int d0, float (&m)[8]) {
+  if (!mean) {
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) m[i] = 0.f;
+    return;
   }
+  // 32-byte aligned: [B, H, D] fp32 contiguous with D % 8 == 0
+  const float4 lo = *reinterpret_cast<const float4*>(mean + d0);
+  const float4 hi = *reinterpret_cast<const float4*>(mean + d0 + 4);
+  m[0] = lo.x; m[1] = lo.y; m[2] = lo.z; m[3] = lo.w;
+  m[4] = hi.x; m[5] = hi.y; m[6] = hi.z; m[7] = hi.w;
+}
+
+// The 8 channels of one token (a 16-byte chunk), minus their means, times scale_mult.
+template <typename T>
+__device__ __forceinline__ void chunk_values(const uint4& raw, const float (&m)[8], float scale_mult,
+                                             float (&v)[8]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
   #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = (to_f32(e[i]) - m[i]) * scale_mult;
 }
@@ -116,30 +123,50 @@ __device__ __forceinline__ uint32_t pack_low_bytes(uint32_t a, uint32_t b, uint3
 // Grid: (n_blocks, H, B). One CTA quantizes `block_tokens` tokens of one (batch, head). Each thread
 // holds its CHUNKS 16-byte chunks (8 channels of one token) in registers between the absmax
 // pass and the rounding pass: x is read from memory once, with all loads in flight together.
-// Up to 8 chunks per thread the chunks are kept as the floats the absmax pass computed (converted
-// once); more would cost the occupancy this memory-bound kernel needs, so those are converted
-// again from the raw chunk.
-template <typename T, int CHUNKS>
+// Up to SAGE_QUANT_KEEP_MAX chunks per thread the chunks are kept as the floats the absmax pass
+// computed (converted once); more would cost occupancy, so those are converted again.
+// The kernel is bound by instruction issue, not memory (ncu on the H200: the schedulers issued in
+// 77% of cycles at 53% of DRAM bandwidth), so the per-chunk work is kept small:
+// SAME_CHANNELS (D / 8 divides the thread count: D = 8 .. 256 in powers of two) gives a thread
+// the same 8 channels in every chunk, so their means are loaded and the chunk's place computed
+// once, not by integer division per chunk; when all of a thread's tokens fall in one scale group
+// (the token step a multiple of 8), the lanes of a token reduce their absmax by shuffles before
+// one shared atomic; and each group's scale and refined reciprocal are computed once, by one
+// thread, and read from shared memory.
+template <typename T, int CHUNKS, bool SAME_CHANNELS>
 __global__ void __launch_bounds__(kInt8QuantThreads, SAGE_QUANT_MIN_CTAS) quant_int8_kernel(QuantInt8Params p) {
   const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int n0 = blk * p.block_tokens;
   const int chunks_per_row = p.head_dim / 8;
-  const int n_chunks = p.block_tokens * chunks_per_row;
   __shared__ unsigned int s_amax[8];  // bit patterns of non-negative floats: int max == float max
+  __shared__ float s_scale[8], s_recip[8];
   if (threadIdx.x < 8) s_amax[threadIdx.x] = 0u;
 
   const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
   const float* mean = p.mean ? p.mean + (static_cast<int64_t>(b) * p.heads + h) * p.head_dim : nullptr;
+  // Chunk i of this thread: token tok(i) of the block, channels d0(i) .. d0(i) + 7.
+  const int same_d0 = SAME_CHANNELS ? (threadIdx.x % chunks_per_row) * 8 : 0;
+  const int tok0 = SAME_CHANNELS ? threadIdx.x / chunks_per_row : 0;
+  const int tok_step = SAME_CHANNELS ? kInt8QuantThreads / chunks_per_row : 0;
+  auto tok_of = [&](int i) {
+    return SAME_CHANNELS ? tok0 + i * tok_step : (threadIdx.x + i * kInt8QuantThreads) / chunks_per_row;
+  };
+  auto d0_of = [&](int i) {
+    return SAME_CHANNELS ? same_d0 : (threadIdx.x + i * kInt8QuantThreads) % chunks_per_row * 8;
+  };
+  // Every token of this thread in one scale group (groups follow token % 8).
+  const bool one_group = p.groups_per_block == 1 || (SAME_CHANNELS && tok_step % 8 == 0);
 
   uint4 raw[CHUNKS];
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kInt8QuantThreads;
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    const int tok = tok_of(i);
     raw[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (c < n_chunks && n0 + tok < p.tokens)  // never read past the end
-      raw[i] = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0);
+    if (tok < p.block_tokens && n0 + tok < p.tokens)  // never read past the end
+      raw[i] = *reinterpret_cast<const uint4*>(x + (n0 + tok) * p.x_sn + d0_of(i));
   }
+  float m[8];
+  if (SAME_CHANNELS) load_mean8(mean, same_d0, m);
   __syncthreads();  // s_amax initialised
 
   constexpr bool kKeepFloats = CHUNKS <= SAGE_QUANT_KEEP_MAX;
@@ -149,55 +176,80 @@ __global__ void __launch_bounds__(kInt8QuantThreads, SAGE_QUANT_MIN_CTAS) quant_
   for (int gi = 0; gi < 8; ++gi) local[gi] = 0.f;
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kInt8QuantThreads;
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
-    if (c >= n_chunks || n0 + tok >= p.tokens) continue;
+    const int tok = tok_of(i);
+    if (tok >= p.block_tokens || n0 + tok >= p.tokens) continue;
+    if (!SAME_CHANNELS) load_mean8(mean, d0_of(i), m);
     float v[8];
-    chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
+    chunk_values<T>(raw[i], m, p.scale_mult, v);
     if constexpr (kKeepFloats) {
       #pragma unroll
       for (int k = 0; k < 8; ++k) vals[kKeepFloats ? i : 0][k] = v[k];
     }
-    float m = 0.f;
+    float a = 0.f;
     #pragma unroll
-    for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
-    const int gi = group_in_block(tok, p.groups_per_block);
-    #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      if (j == gi) local[j] = fmaxf(local[j], m);  // constant indices keep `local` in registers
+    for (int k = 0; k < 8; ++k) a = fmaxf(a, fabsf(v[k]));
+    if (one_group) {
+      local[0] = fmaxf(local[0], a);
+    } else {
+      const int gi = group_in_block(tok, p.groups_per_block);
+      #pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j == gi) local[j] = fmaxf(local[j], a);  // constant indices keep `local` in registers
+    }
   }
-  for (int gi = 0; gi < p.groups_per_block; ++gi)
-    if (local[gi] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[gi]));
+  if (one_group) {
+    int gi = 0;
+    if (SAME_CHANNELS) {
+      // the chunks_per_row lanes of a token (consecutive, a power of two <= 32) share its group
+      for (int off = 1; off < chunks_per_row; off <<= 1)
+        local[0] = fmaxf(local[0], __shfl_xor_sync(0xffffffffu, local[0], off));
+      gi = group_in_block(tok0, p.groups_per_block);
+    }
+    if ((!SAME_CHANNELS || same_d0 == 0) && local[0] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[0]));
+  } else {
+    for (int gi = 0; gi < p.groups_per_block; ++gi)
+      if (local[gi] > 0.f) atomicMax(&s_amax[gi], __float_as_uint(local[gi]));
+  }
   __syncthreads();
 
-  const int64_t scale_base = (static_cast<int64_t>(b) * p.heads + h) * p.scale_groups +
-                             static_cast<int64_t>(blk) * p.groups_per_block;
   if (threadIdx.x < p.groups_per_block) {
+    const int64_t scale_base = (static_cast<int64_t>(b) * p.heads + h) * p.scale_groups +
+                               static_cast<int64_t>(blk) * p.groups_per_block;
     const float scale = fmaxf(__uint_as_float(s_amax[threadIdx.x]) / 127.f, kScaleFloor);
     p.scale_out[scale_base + threadIdx.x] = scale;
+    const ExactDivisor div(scale);
+    s_scale[threadIdx.x] = div.b;
+    s_recip[threadIdx.x] = div.r;
   }
+  __syncthreads();
 
   int8_t* out = p.out + ((static_cast<int64_t>(b) * p.heads + h) * p.padded_tokens + n0) * p.head_dim;
+  const int my_group = one_group && SAME_CHANNELS ? group_in_block(tok0, p.groups_per_block) : 0;
+  const float b1 = s_scale[my_group], r1 = s_recip[my_group];  // the group of one_group threads
   #pragma unroll
   for (int i = 0; i < CHUNKS; ++i) {
-    const int c = threadIdx.x + i * kInt8QuantThreads;
-    if (c >= n_chunks) break;
-    const int tok = c / chunks_per_row, d0 = (c % chunks_per_row) * 8;
+    const int tok = tok_of(i);
+    if (tok >= p.block_tokens) break;
+    const int d0 = d0_of(i);
     uint2 packed = make_uint2(0u, 0u);  // rows past the end are written as zeros
     if (n0 + tok < p.tokens) {
-      const int gi = group_in_block(tok, p.groups_per_block);
-      const float scale = fmaxf(__uint_as_float(s_amax[gi]) / 127.f, kScaleFloor);
+      float sb = b1, sr = r1;
+      if (!one_group) {
+        const int gi = group_in_block(tok, p.groups_per_block);
+        sb = s_scale[gi];
+        sr = s_recip[gi];
+      }
       float v[8];
       if constexpr (kKeepFloats) {
         #pragma unroll
         for (int k = 0; k < 8; ++k) v[k] = vals[kKeepFloats ? i : 0][k];
       } else {
-        chunk_values<T>(raw[i], mean, d0, p.scale_mult, v);
+        if (!SAME_CHANNELS) load_mean8(mean, d0, m);
+        chunk_values<T>(raw[i], m, p.scale_mult, v);
       }
-      const ExactDivisor div(scale);
       uint32_t r[8];
       #pragma unroll
-      for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(div(v[k]));
+      for (int k = 0; k < 8; ++k) r[k] = round_to_int_bits(quotient_from_reciprocal(v[k], sb, sr));
       packed = make_uint2(pack_low_bytes(r[0], r[1], r[2], r[3]),
                           pack_low_bytes(r[4], r[5], r[6], r[7]));
     }
@@ -424,12 +476,18 @@ inline cudaError_t launch_quant_int8(const QuantInt8Params& p, int batch, DType 
   const dim3 grid(p.padded_tokens / p.block_tokens, p.heads, batch);
   // chunks per thread, rounded up to the next instantiated size (head dim <= 256, block <= 128)
   const int per_thread = (p.block_tokens * (p.head_dim / 8) + kInt8QuantThreads - 1) / kInt8QuantThreads;
+  const bool same_channels = kInt8QuantThreads % (p.head_dim / 8) == 0;
   auto launch = [&](auto chunks) {
     constexpr int kChunks = decltype(chunks)::value;
-    if (dtype == DType::kFloat16)
-      quant_int8_kernel<__half, kChunks><<<grid, kInt8QuantThreads, 0, stream>>>(p);
-    else
-      quant_int8_kernel<__nv_bfloat16, kChunks><<<grid, kInt8QuantThreads, 0, stream>>>(p);
+    auto go = [&](auto same) {
+      constexpr bool kSame = decltype(same)::value;
+      if (dtype == DType::kFloat16)
+        quant_int8_kernel<__half, kChunks, kSame><<<grid, kInt8QuantThreads, 0, stream>>>(p);
+      else
+        quant_int8_kernel<__nv_bfloat16, kChunks, kSame><<<grid, kInt8QuantThreads, 0, stream>>>(p);
+    };
+    if (same_channels) go(std::true_type{});
+    else go(std::false_type{});
   };
   if (per_thread <= 2) launch(std::integral_constant<int, 2>{});
   else if (per_thread <= 4) launch(std::integral_constant<int, 4>{});
