@@ -6,6 +6,8 @@
     ncu --clock-control none -k regex:attn_kernel -c 1 --section WarpStateStats ... \\
         python benchmarks/gpu_dev_profile.py drive --case 4x32x4096x128 --label sm80-fp32
         runs the call a few times, for a profiler attached from outside.
+    python benchmarks/gpu_dev_profile.py aten-stats --case 4x32x4096x128
+        CUDA time of ATen's mean and aminmax over the tokens of a tensor of that shape.
 
 Labels and the build come from benchmarks/gpu_dev_native.py (build there first).
 """
@@ -30,11 +32,11 @@ def _call(case: str, label: str, causal: bool, dtype: str):
     return dev._kernel_fn(label, q, k, v, causal)
 
 
-def breakdown(case: str, label: str, causal: bool, dtype: str, calls: int = 20) -> None:
+def cuda_us_per_kernel(fn, calls: int = 20) -> dict[str, float]:
+    """Mean CUDA time per call of each kernel fn launches (torch.profiler, after 5 warm-up calls)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    fn = _call(case, label, causal, dtype)
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -46,15 +48,34 @@ def breakdown(case: str, label: str, causal: bool, dtype: str, calls: int = 20) 
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[ev.name[:90]] += ev.device_time / calls
+    return per_kernel
+
+
+def breakdown(case: str, label: str, causal: bool, dtype: str, calls: int = 20) -> None:
+    per_kernel = cuda_us_per_kernel(_call(case, label, causal, dtype), calls)
     total = sum(per_kernel.values())
     print(f"{case} {label} causal={causal} {dtype}: {total:.1f} us of GPU time per call")
     for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
         print(f"  {us:9.1f} us  {100 * us / total:5.1f}%  {name}")
 
 
+def aten_stats(case: str, dtype: str) -> None:
+    """ATen's mean and aminmax over the token dim (what K's mean and, before v_scale_kernel, V's
+    FP8 scale used) on N(0, 1) input of this shape, HND: the A side of an A/B in one process."""
+    import torch
+
+    b, h, n, d = (int(s) for s in case.split("x"))
+    x = torch.randn(b, h, n, d, device="cuda", dtype=getattr(torch, dtype))
+    mean_us = sum(cuda_us_per_kernel(lambda: torch.mean(x, dim=2, dtype=torch.float32)).values())
+    aminmax_us = sum(cuda_us_per_kernel(lambda: torch.aminmax(x, dim=2)).values())
+    gbytes = x.numel() * x.element_size() / 1e9
+    print(f"{case} {dtype}: ATen mean over tokens {mean_us:.1f} us ({gbytes / mean_us * 1e3:.2f} TB/s), "
+          f"aminmax {aminmax_us:.1f} us ({gbytes / aminmax_us * 1e3:.2f} TB/s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["breakdown", "drive"])
+    parser.add_argument("mode", choices=["breakdown", "drive", "aten-stats"])
     parser.add_argument("--case", action="append", required=True, metavar="BxHxNxD")
     parser.add_argument("--label", default="sm80-fp32", choices=sorted(dev.KERNELS))
     parser.add_argument("--causal", action="store_true")
@@ -64,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.case:
         if args.mode == "breakdown":
             breakdown(case, args.label, args.causal, args.dtype)
+        elif args.mode == "aten-stats":
+            aten_stats(case, args.dtype)
         else:
             import torch
 

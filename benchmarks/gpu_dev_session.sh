@@ -8,7 +8,7 @@
 # Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
 # (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
 # breakdown (CUDA time per kernel of one native call: BREAKDOWN_LABELS, BREAKDOWN_CASES; then the
-# ATen mean and aminmax over tokens on the same cases, benchmarks/gpu_dev_aten_stats.py),
+# ATen mean and aminmax over tokens on the same cases, gpu_dev_profile.py aten-stats),
 # calibrate (python -m sageattention.calibrate), table (ship what calibrate measured: rebuild the
 # table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; run it last:
@@ -76,7 +76,7 @@ for step in $STEPS; do
                python3 "$0/benchmarks/gpu_dev_profile.py" breakdown --label "$lab" $2 || exit 1; done' \
              "$REPO" "${BREAKDOWN_LABELS:-sm90-fp32 sm90_fp8-fp32+fp32}" \
              "$(for c in ${BREAKDOWN_CASES:-4x32x4096x128 8x32x1024x128 4x32x4096x64}; do printf -- '--case %s ' "$c"; done)"
-           t aten_stats 60 python3 "$REPO/benchmarks/gpu_dev_aten_stats.py" \
+           t aten_stats 60 env SAGE_DEV_PACKAGE_ROOT="$pkg" python3 "$REPO/benchmarks/gpu_dev_profile.py" aten-stats \
              $(for c in ${BREAKDOWN_CASES:-4x32x4096x128 8x32x1024x128 4x32x4096x64}; do printf -- '--case %s ' "$c"; done) ;;
     validate) cd "$REPO"   # scripts.factory lives in the tree; the suite itself runs the installed wheel
               t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
