@@ -64,8 +64,7 @@ int main() {
       sage::VScaleParams st{};
       st.v = x; st.v_sb = int64_t(H) * N * D; st.v_sh = int64_t(N) * D; st.v_sn = D;
       st.heads = H; st.tokens = N; st.head_dim = D;
-      st.chunk_tokens = sage::v_scale_chunk_tokens(D);
-      st.chunks = (N + st.chunk_tokens - 1) / st.chunk_tokens;
+      st.chunks = (N + sage::v_scale_chunk_tokens(D) - 1) / sage::v_scale_chunk_tokens(D);
       st.partial = partial; st.arrivals = arrivals; st.scale = vscale; st.mean = smooth ? mean : nullptr;
       st.scale_max = 448.f;
       auto run_scale = [&] {

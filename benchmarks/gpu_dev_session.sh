@@ -72,12 +72,12 @@ for step in $STEPS; do
            cd /tmp ;;
     breakdown) # CUDA time per kernel of one call of the installed wheel's ops (benchmarks/gpu_dev_profile.py)
            pkg=$(python3 -c 'import os, sageattention; print(os.path.dirname(os.path.dirname(sageattention.__file__)))')
-           t breakdown 150 env SAGE_DEV_PACKAGE_ROOT="$pkg" bash -c 'for lab in $1; do
-               python3 "$0/benchmarks/gpu_dev_profile.py" breakdown --label "$lab" $2 || exit 1; done' \
-             "$REPO" "${BREAKDOWN_LABELS:-sm90-fp32 sm90_fp8-fp32+fp32}" \
-             "$(for c in ${BREAKDOWN_CASES:-4x32x4096x128 8x32x1024x128 4x32x4096x64}; do printf -- '--case %s ' "$c"; done)"
+           cases=(); for c in ${BREAKDOWN_CASES:-4x32x4096x128 8x32x1024x128 4x32x4096x64}; do cases+=(--case "$c"); done
+           t breakdown 150 env SAGE_DEV_PACKAGE_ROOT="$pkg" bash -c 'labels=$1; shift; for lab in $labels; do
+               python3 "$0/benchmarks/gpu_dev_profile.py" breakdown --label "$lab" "$@" || exit 1; done' \
+             "$REPO" "${BREAKDOWN_LABELS:-sm90-fp32 sm90_fp8-fp32+fp32}" "${cases[@]}"
            t aten_stats 60 env SAGE_DEV_PACKAGE_ROOT="$pkg" python3 "$REPO/benchmarks/gpu_dev_profile.py" aten-stats \
-             $(for c in ${BREAKDOWN_CASES:-4x32x4096x128 8x32x1024x128 4x32x4096x64}; do printf -- '--case %s ' "$c"; done) ;;
+             "${cases[@]}" ;;
     validate) cd "$REPO"   # scripts.factory lives in the tree; the suite itself runs the installed wheel
               t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
                 --wheel "$WHEEL"

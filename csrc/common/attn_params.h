@@ -53,6 +53,7 @@ constexpr int kVScaleRowsPerThread = 8;  // 16-byte loads in flight per thread
 inline bool v_scale_kernel_supported(int head_dim) {
   return head_dim % 8 == 0 && head_dim > 0 && head_dim <= 256 && kVScaleThreads % (head_dim / 8) == 0;
 }
+// Tokens per CTA: each pass of the CTA reads kVScaleThreads / (D / 8) tokens.
 inline int v_scale_chunk_tokens(int head_dim) {
   return kVScaleRowsPerThread * (kVScaleThreads / (head_dim / 8));
 }
@@ -62,8 +63,7 @@ struct VScaleParams {
   const void* v;           // fp16/bf16, element strides below, last dim contiguous
   int64_t v_sb, v_sh, v_sn;
   int heads, tokens, head_dim;
-  int chunk_tokens;        // tokens per CTA: v_scale_chunk_tokens(head_dim)
-  int chunks;              // ceil(tokens / chunk_tokens)
+  int chunks;              // ceil(tokens / v_scale_chunk_tokens(head_dim))
   float* partial;          // scratch [B, H, chunks, v_scale_partials(smooth), D]
   int* arrivals;           // [B, H], zero at launch: CTAs of each (batch, head) done so far
   float* scale;            // [B, H, D] out

@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
 }
 
 
-// Grid: (chunks, H, B), kVScaleThreads threads. One CTA reduces chunk_tokens tokens of one
+// Grid: (chunks, H, B), kVScaleThreads threads. One CTA reduces v_scale_chunk_tokens(D) tokens of one
 // (batch, head) over each channel into a partial result; the last of its (batch, head) to arrive
 // reduces the partials in a fixed order and writes the scale (and mean): no atomics on values,
 // the same result on every run. Thread t keeps the same 8 channels for all its tokens and has its
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p)
   const int D = p.head_dim, chunks_per_row = D / 8;
   const int lanes_per_pass = kVScaleThreads / chunks_per_row;  // tokens read at once
   const int d0 = (threadIdx.x % chunks_per_row) * 8, row0 = threadIdx.x / chunks_per_row;
-  const int n0 = chunk * p.chunk_tokens;
+  const int n0 = chunk * kRows * lanes_per_pass;  // v_scale_chunk_tokens(D)
   const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
   const T* v = reinterpret_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
   const float inf = __int_as_float(0x7f800000);
@@ -516,8 +516,7 @@ inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType 
 
 inline cudaError_t launch_v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth,
                                   cudaStream_t stream) {
-  if (!v_scale_kernel_supported(p.head_dim) || p.chunk_tokens != v_scale_chunk_tokens(p.head_dim))
-    return cudaErrorInvalidValue;
+  if (!v_scale_kernel_supported(p.head_dim)) return cudaErrorInvalidValue;
   const dim3 grid(p.chunks, p.heads, batch);
   auto launch = [&](auto smooth_constant) {
     constexpr bool kSmooth = decltype(smooth_constant)::value;

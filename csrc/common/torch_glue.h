@@ -157,8 +157,8 @@ inline c10::optional<std::pair<at::Tensor, at::Tensor>> v_scale_by_kernel(
   p.v = v.data_ptr();
   p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
   p.heads = V.H; p.tokens = V.N; p.head_dim = V.D;
-  p.chunk_tokens = v_scale_chunk_tokens(static_cast<int>(V.D));
-  p.chunks = (V.N + p.chunk_tokens - 1) / p.chunk_tokens;
+  const int64_t chunk_tokens = v_scale_chunk_tokens(static_cast<int>(V.D));
+  p.chunks = (V.N + chunk_tokens - 1) / chunk_tokens;
   const auto f32 = v.options().dtype(at::kFloat);
   const at::Tensor partial = at::empty({V.B, V.H, p.chunks, v_scale_partials(smooth), V.D}, f32);
   const at::Tensor arrivals = at::zeros({V.B, V.H}, v.options().dtype(at::kInt));
