@@ -111,6 +111,7 @@ KERNELS = {  # label -> (family, op, pv_accum_dtype)
 }
 # Families of arch-specific SASS build for their one target (families.json "arch_specific").
 FAMILY_ARCH = {"sm90": "9.0a", "sm90_fp8": "9.0a"}
+FAMILY_NAMES = ("sm80", "sm89", "sm90", "sm90_fp8")
 
 
 def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str, Path]]:
@@ -132,6 +133,25 @@ def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str,
                              "(DIR/sm80, DIR/common), e.g. from: git archive REV csrc | tar -x -C OUT")
         variants[name] = (variants.get(name, ("", tree))[0], tree)
     return variants
+
+
+def variant_families(specs: list[str], names) -> dict[str, str]:
+    """--variant-family [NAME=]FAMILY (repeatable) -> {variant name: family}; a bare FAMILY sets
+    the default for every variant not named (sm80 when none is given)."""
+    default, named = "sm80", {}
+    for spec in specs:
+        name, sep, fam = spec.rpartition("=")
+        if fam not in FAMILY_NAMES or (sep and not re.fullmatch(r"\w+", name)):
+            raise ValueError(f"--variant-family {spec!r}: expected FAMILY or NAME=FAMILY, FAMILY one of "
+                             + ", ".join(FAMILY_NAMES))
+        if sep:
+            named[name] = fam
+        else:
+            default = fam
+    unknown = sorted(set(named) - set(names))
+    if unknown:
+        raise ValueError(f"--variant-family names variants that no --variant / --variant-csrc defines: {unknown}")
+    return {name: named.get(name, default) for name in names}
 
 
 def reference_pv_dtype(label: str) -> str:
@@ -299,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--labels", default="",
                         help="kernels to check and time, comma-separated (default: every label of "
                              "the built families: " + ", ".join(KERNELS) + ")")
-    parser.add_argument("--variant-family", choices=["sm80", "sm89"], default="sm80",
-                        help="the family the variants build (default sm80; sm89 for the FP8 "
-                             "wgmma variant: -DSAGE_WGMMA=1 -DSAGE_WG_WS=1 with --arch 9.0a)")
+    parser.add_argument("--variant-family", action="append", default=[], metavar="[NAME=]FAMILY",
+                        help="the family the variants build: FAMILY for all (default sm80; sm89 for "
+                             "the FP8 wgmma variant: -DSAGE_WGMMA=1 -DSAGE_WG_WS=1 with --arch 9.0a; "
+                             "sm90 / sm90_fp8 build for 9.0a with their own tiles), NAME=FAMILY for "
+                             "one variant; repeatable")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=DEFINES",
                         help="also build the variant family with these -D defines (tile shapes, see "
                              "csrc/common/attn_dispatch.cuh), check it against the reference and "
@@ -329,12 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"families": args.family}
     try:
         variants = parse_variants(args.variant, args.variant_csrc)
+        family_of = variant_families(args.variant_family, variants)
         softmax_blocks = {name: softmax_blocks_of(d) for name, (d, _) in variants.items()}
     except ValueError as exc:
         parser.error(str(exc))
     if not args.skip_build:
         jobs = [(f, "", "", ROOT / "csrc") for f in args.family] + \
-               [(args.variant_family, n, d, tree) for n, (d, tree) in variants.items()]
+               [(family_of[n], n, d, tree) for n, (d, tree) in variants.items()]
         with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
             futures = {pool.submit(build, f, FAMILY_ARCH.get(f, args.arch), args.std,
                                    Path(args.build_root), n, d, t): (f, n)
@@ -384,20 +407,20 @@ def main(argv: list[str] | None = None) -> int:
             (out / "native_dev.json").write_text(json.dumps(results, indent=1))
             _print_timing(results["timing"], labels)
     for name, (defines, tree) in variants.items():
-        if f"{args.variant_family} {name}" in results.get("build_errors", {}):
+        if f"{family_of[name]} {name}" in results.get("build_errors", {}):
             continue
         vout = out / f"variant_{name}"
         env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
-        proc = subprocess.run([sys.executable, __file__, "--family", args.variant_family, "--skip-build",
+        proc = subprocess.run([sys.executable, __file__, "--family", family_of[name], "--skip-build",
                                "--skip-tests", "--dtypes", "float16", "--out", str(vout),
                                "--cases", args.cases, "--causal", args.causal, "--labels", args.labels]
                               + (["--softmax-blocks", f"{sb[64]},{sb[128]}"] if (sb := softmax_blocks[name]) else []),
                               env=env, capture_output=True, text=True)
         source = "" if tree == ROOT / "csrc" else f" [csrc {tree}]"
-        print(f"== variant {name}: {defines}{source}")
+        print(f"== variant {name} ({family_of[name]}): {defines}{source}")
         print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line or "ACCURACY" in line
                         or "geomean" in line)[-3000:] or proc.stderr[-2000:])
-        results.setdefault("variants", {})[name] = {"defines": defines, "csrc": str(tree),
+        results.setdefault("variants", {})[name] = {"family": family_of[name], "defines": defines, "csrc": str(tree),
                                                     "rc": proc.returncode}
     (out / "native_dev.json").write_text(json.dumps(results, indent=1))
     return 0

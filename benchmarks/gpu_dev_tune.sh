@@ -18,7 +18,10 @@
 # variant NAME: also run the sm80 tests of tests/gpu/test_native_sm80_sm89.py on its build),
 # PROFILE_VARIANT (a variant NAME: the breakdown and ncu steps run its build), NCU_KERNEL (regex
 # of the kernel ncu profiles, default attn_kernel; attn_wgmma for the wgmma variants),
-# VARIANT_FAMILY (the family the variants build: sm80, default, or sm89 for the FP8 wgmma variant).
+# VARIANT_FAMILY (lines of [NAME=]FAMILY: the family the variants build, all or one by name:
+# sm80, default, sm89 for the FP8 wgmma variant, sm90 / sm90_fp8 for the shipped Hopper families
+# with their own tiles; VARIANT_TESTS runs tests/gpu/test_native_sm80_sm89.py -k VARIANT_TESTS_K,
+# default sm80).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -29,6 +32,7 @@ PROFILE_CASES=${PROFILE_CASES:-4x32x4096x128 4x32x4096x64}
 variant_args=()
 while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant "$v"); done <<<"${VARIANTS:-}"
 while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant-csrc "$v"); done <<<"${VARIANT_CSRC:-}"
+while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant-family "$v"); done <<<"${VARIANT_FAMILY:-sm80}"
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
 # the mma.sync ceiling every native family lives under on this GPU
@@ -37,12 +41,12 @@ fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
   --dtypes "${DTYPES:-float16}" --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
-  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" --variant-family "${VARIANT_FAMILY:-sm80}" \
+  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" \
   "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
 if [ -n "${VARIANT_TESTS:-}" ]; then
   PYTHONPATH=/tmp/native_build/pkg_${VARIANT_TESTS} timeout "${LIMIT_VARIANT_TESTS:-200}" python3 -m pytest -q \
-    tests/gpu/test_native_sm80_sm89.py -k "${VARIANT_FAMILY:-sm80}" -p no:cacheprovider --tb=short -x >"$OUT/variant_tests.log" 2>&1
+    tests/gpu/test_native_sm80_sm89.py -k "${VARIANT_TESTS_K:-sm80}" -p no:cacheprovider --tb=short -x >"$OUT/variant_tests.log" 2>&1
   echo "variant ${VARIANT_TESTS} tests: exit $? ($(tail -n 1 "$OUT/variant_tests.log"))"
 fi
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null

@@ -36,6 +36,10 @@
 #ifndef SAGE_FAST_I2F
 #define SAGE_FAST_I2F 1
 #endif
+// n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma), 0..8 (tuning knob).
+#ifndef SAGE_EXP2_FMA
+#define SAGE_EXP2_FMA 0
+#endif
 
 namespace sage {
 
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         for (int j = 0; j < kNT; ++j)
           #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = fast_exp2(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]));
+            const float pv = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
             s[mt][j][2 * r + e] = pv;
             rowsum += pv;
           }

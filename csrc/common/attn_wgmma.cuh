@@ -65,6 +65,9 @@ namespace sage {
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
 #endif
+#ifndef SAGE_WG_EXP2_FMA
+#define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
+#endif
 namespace wg {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are ROW_BYTES
@@ -352,7 +355,7 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     for (int j = 0; j < kNT; ++j)
       #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = fast_exp2(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]));
+        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
         sf[4 * j + 2 * r + e] = pv;
         rowsum += pv;
       }

@@ -4,10 +4,12 @@
 #pragma once
 #include <cmath>
 
+#ifndef SAGE_HOST_DEVICE
 #if defined(__CUDACC__)
 #define SAGE_HOST_DEVICE __host__ __device__ __forceinline__
 #else
 #define SAGE_HOST_DEVICE inline
+#endif
 #endif
 
 namespace sage {

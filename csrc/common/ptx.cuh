@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "exp2_fma.h"
+
 namespace sage {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -139,6 +141,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The softmaxes' exp2 of score column tile j (an n8 tile): the first FMA_TILES tiles of every 8
+// take exp2_fma, the rest the MUFU (j is a compile-time constant once the loop is unrolled).
+template <int FMA_TILES>
+__device__ __forceinline__ float softmax_exp2(float x, int j) {
+  static_assert(FMA_TILES >= 0 && FMA_TILES <= 8, "tiles out of 8");
+  return j % 8 < FMA_TILES ? exp2_fma(x) : fast_exp2(x);
 }
 
 }  // namespace sage

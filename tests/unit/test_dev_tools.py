@@ -74,6 +74,19 @@ def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
         native.main(["--family", "sm80", "--variant-csrc", f"x={tmp_path}"])
 
 
+def test_variant_families_default_and_per_name():
+    native = _load("gpu_dev_native")
+    names = {"a": None, "b": None, "c": None}
+    assert native.variant_families([], names) == {"a": "sm80", "b": "sm80", "c": "sm80"}
+    assert native.variant_families(["sm90", "b=sm90_fp8", "c=sm80"], names) == {
+        "a": "sm90", "b": "sm90_fp8", "c": "sm80"}
+    for bad in (["sm70"], ["b=sm91"], ["b c=sm90"]):  # unknown family, bad name
+        with pytest.raises(ValueError, match="--variant-family"):
+            native.variant_families(bad, names)
+    with pytest.raises(ValueError, match="no --variant"):
+        native.variant_families(["z=sm90"], names)
+
+
 def test_native_kernel_labels_follow_the_family_table():
     native = _load("gpu_dev_native")
     from sageattention.native import FAMILIES
