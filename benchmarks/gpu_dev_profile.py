@@ -8,6 +8,10 @@
         runs the call a few times, for a profiler attached from outside.
     python benchmarks/gpu_dev_profile.py aten-stats --case 4x32x4096x128
         CUDA time of ATen's mean and aminmax over the tokens of a tensor of that shape.
+    python benchmarks/gpu_dev_profile.py trace --case 4x32x4096x128 --label sm90_fp8-fp32+fp32
+        with a build of the warp-specialized wgmma kernel made with -DSAGE_WG_TRACE=<CTA>: one
+        call in a child process, whose CTA prints the SM clock at each phase of its K blocks for
+        each consumer warpgroup; shown as cycles per phase, and the warpgroups' offset.
 
 Labels and the build come from benchmarks/gpu_dev_native.py (build there first).
 """
@@ -73,9 +77,52 @@ def aten_stats(case: str, dtype: str) -> None:
           f"aminmax {aminmax_us:.1f} us ({gbytes / aminmax_us * 1e3:.2f} TB/s)")
 
 
+def trace_table(text: str) -> str:
+    """The TRACE lines of a -DSAGE_WG_TRACE build (SM clock when a consumer warpgroup starts a
+    block's softmax, finishes it, has issued the block's products, sees them done) as cycles per
+    phase and block, with the warpgroups' offset (start of warpgroup 1 minus start of 0); only the
+    last call's lines count (each call prints them)."""
+    stamps: dict[tuple[int, int], tuple[int, ...]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 11 and parts[0] == "TRACE":  # TRACE sm S wg W kb K t0 t1 t2 t3
+            stamps[(int(parts[4]), int(parts[6]))] = tuple(int(x) for x in parts[7:11])
+    if not stamps:
+        return "no TRACE lines (build with -DSAGE_WG_TRACE=<CTA index>)\n"
+    kbs = sorted({kb for _, kb in stamps})
+    wgs = sorted({wg for wg, _ in stamps})
+
+    def dt(a: int, b: int) -> int:  # 32-bit clock differences
+        return (b - a) % (1 << 32)
+
+    rows = ["kb  " + "  ".join(f"wg{w}: softmax  wait+issue  products  period" for w in wgs) + "  offset"]
+    cols: dict[str, list[int]] = collections.defaultdict(list)
+    for kb in kbs:
+        cells = []
+        for w in wgs:
+            t = stamps.get((w, kb))
+            nxt = stamps.get((w, kb + 1))
+            if t is None:
+                cells.append(" " * 40)
+                continue
+            vals = (dt(t[0], t[1]), dt(t[1], t[2]), dt(t[2], t[3]), dt(t[0], nxt[0]) if nxt else None)
+            for name, v in zip(("softmax", "wait", "products", "period"), vals):
+                if v is not None:
+                    cols[f"wg{w} {name}"].append(v)
+            cells.append(f"{vals[0]:13d}  {vals[1]:10d}  {vals[2]:8d}  {vals[3] if vals[3] is not None else '-':>6}")
+        off = ""
+        if (0, kb) in stamps and (1, kb) in stamps:
+            o = (stamps[(1, kb)][0] - stamps[(0, kb)][0] + (1 << 31)) % (1 << 32) - (1 << 31)
+            cols["offset"].append(o)
+            off = f"{o:8d}"
+        rows.append(f"{kb:<3d} " + "  ".join(cells) + off)
+    rows.append("median: " + ", ".join(f"{k} {sorted(v)[len(v) // 2]}" for k, v in cols.items()))
+    return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["breakdown", "drive", "aten-stats"])
+    parser.add_argument("mode", choices=["breakdown", "drive", "aten-stats", "trace"])
     parser.add_argument("--case", action="append", required=True, metavar="BxHxNxD")
     parser.add_argument("--label", default="sm80-fp32", choices=sorted(dev.KERNELS))
     parser.add_argument("--causal", action="store_true")
@@ -87,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
             breakdown(case, args.label, args.causal, args.dtype)
         elif args.mode == "aten-stats":
             aten_stats(case, args.dtype)
+        elif args.mode == "trace":  # device printf reaches the C stdout: read it from a child
+            import subprocess
+
+            cmd = [sys.executable, __file__, "drive", "--case", case, "--label", args.label, "--dtype",
+                   args.dtype, "--calls", "2"] + (["--causal"] if args.causal else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            print(f"{case} {args.label} causal={args.causal} {args.dtype}: trace (rc {proc.returncode})")
+            print(trace_table(proc.stdout), end="")
+            if proc.returncode:
+                print(proc.stderr[-2000:])
         else:
             import torch
 

@@ -65,6 +65,12 @@ namespace sage {
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
 #endif
+#ifndef SAGE_WG_TRACE
+// Tuning build only: >= 0 makes CTA number SAGE_WG_TRACE (linear block index) of the WS kernel
+// printf the SM clock at each phase of K blocks 8..23 for the first thread of each consumer
+// warpgroup (benchmarks/gpu_dev_profile.py trace reads it). -1: off.
+#define SAGE_WG_TRACE -1
+#endif
 #ifndef SAGE_WG_EXP2_FMA
 #define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
 #endif
@@ -839,7 +845,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
   }
 #else
+#if SAGE_WG_TRACE >= 0
+  constexpr int kTraceFirst = 8, kTraceBlocks = 16;
+  uint32_t trace[kTraceBlocks][4];
+  const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
+                      (tid & 127) == 0;
+  auto stamp = [&](int kb, int phase) {
+    if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
+  };
+#else
+  auto stamp = [](int, int) {};
+#endif
   for (int kb = 0; kb < n_kblocks; ++kb) {
+    stamp(kb, 0);  // softmax starts
 #if !SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
 #endif
@@ -850,19 +868,23 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       uint32_t pa[BLOCK_N / 32][4];
       wg::pack_p8_frags<BLOCK_N>(sf, pa);
       if constexpr (!TWO_LEVEL) rescale_o(alpha);
+      stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
       issue_products(kb, pa);
     } else {
       uint32_t pa[BLOCK_N / 16][4];
       wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
       rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+      stamp(kb, 1);
       issue_products(kb, pa);
     }
+    stamp(kb, 2);  // products issued
 #if SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
 #endif
     wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
     wgmma_pin(s_i);
     wgmma_pin(o);
+    stamp(kb, 3);  // products done
     sm90::mbar_arrive(empty(kb % STAGES));
     if constexpr (TWO_LEVEL) {  // O = alpha O + P_kb V_kb, in fp32
       wgmma_pin(ob);
@@ -874,6 +896,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
       }
     }
+  }
+#endif
+#if SAGE_WG_TRACE >= 0
+  if (tracer) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    for (int i = 0; i < kTraceBlocks && kTraceFirst + i < n_kblocks; ++i)
+      printf("TRACE sm %u wg %d kb %d %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
+             trace[i][2], trace[i][3]);
   }
 #endif
   wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
