@@ -806,45 +806,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
       wg::rescale<HEAD_DIM>(o, alpha);
   };
-#if SAGE_WG_WS_OVERLAP
-  static_assert(!kFp8, "the overlapped loop is written for 16-bit P.V");
-  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
-  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
-  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
-  // first pipelined kernel failed exactly so, docs/kernels.md).
-  const bool never = p.q_len < 0;
-  const uint32_t scratch = sQ;
-  uint32_t pa[BLOCK_N / 16][4];
-  {
-    float alpha[2];
-    wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);  // O is still 0
-  }
-  for (int kb = 0; kb < n_kblocks; ++kb) {
-    const bool more = kb + 1 < n_kblocks;
-    issue_products(kb, pa);
-    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
-    wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
-    wgmma_pin(s_i);
-    float alpha[2] = {1.f, 1.f};
-    uint32_t pn[BLOCK_N / 16][4];
-    if (more) wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
-    wgmma_wait<0>();
-    wgmma_pin(o);
-    if (never) {
-      #pragma unroll
-      for (int kc = 0; kc < BLOCK_N / 16; ++kc)
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
-                     "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
-                     : "memory");
-    }
-    sm90::mbar_arrive(empty(kb % STAGES));
-    rescale_o(alpha);
-    #pragma unroll
-    for (int kc = 0; kc < BLOCK_N / 16; ++kc)
-      #pragma unroll
-      for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
-  }
-#else
+// SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
+  // loop stamps softmax start, softmax done, products issued, products done; the overlapped loop
+  // stamps its loop top (before the K/V waits), products issued, the next softmax done, P.V done.
 #if SAGE_WG_TRACE >= 0
   constexpr int kTraceFirst = 8, kTraceBlocks = 16;
   uint32_t trace[kTraceBlocks][4];
@@ -856,6 +820,58 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #else
   auto stamp = [](int, int) {};
 #endif
+  if constexpr (SAGE_WG_WS_OVERLAP && !TWO_LEVEL) {  // two-level keeps the plain loop
+  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
+  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
+  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
+  // first pipelined kernel failed exactly so, docs/kernels.md).
+  constexpr int kPChunks = kFp8 ? BLOCK_N / 32 : BLOCK_N / 16;  // P's A fragments (4 registers each)
+  auto softmax_into = [&](float (&alpha)[2], uint32_t (&pn)[kPChunks][4]) {
+    if constexpr (kFp8) {
+      float sf[BLOCK_N / 2];
+      wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+      wg::pack_p8_frags<BLOCK_N>(sf, pn);
+    } else {
+      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
+    }
+  };
+  const bool never = p.q_len < 0;
+  const uint32_t scratch = sQ;
+  uint32_t pa[kPChunks][4];
+  {
+    float alpha[2];
+    softmax_into(alpha, pa);  // O is still 0
+  }
+  for (int kb = 0; kb < n_kblocks; ++kb) {
+    const bool more = kb + 1 < n_kblocks;
+    stamp(kb, 0);
+    issue_products(kb, pa);
+    stamp(kb, 1);
+    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
+    wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
+    wgmma_pin(s_i);
+    float alpha[2] = {1.f, 1.f};
+    uint32_t pn[kPChunks][4];
+    if (more) softmax_into(alpha, pn);
+    stamp(kb, 2);
+    wgmma_wait<0>();
+    wgmma_pin(o);
+    stamp(kb, 3);
+    if (never) {
+      #pragma unroll
+      for (int kc = 0; kc < kPChunks; ++kc)
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
+                     "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
+                     : "memory");
+    }
+    sm90::mbar_arrive(empty(kb % STAGES));
+    rescale_o(alpha);
+    #pragma unroll
+    for (int kc = 0; kc < kPChunks; ++kc)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
+  }
+  } else {
   for (int kb = 0; kb < n_kblocks; ++kb) {
     stamp(kb, 0);  // softmax starts
 #if !SAGE_WG_KS_PREFETCH
@@ -897,7 +913,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       }
     }
   }
-#endif
+  }
 #if SAGE_WG_TRACE >= 0
   if (tracer) {
     unsigned smid;
