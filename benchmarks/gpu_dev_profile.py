@@ -78,43 +78,46 @@ def aten_stats(case: str, dtype: str) -> None:
 
 
 def trace_table(text: str) -> str:
-    """The TRACE lines of a -DSAGE_WG_TRACE build (SM clock when a consumer warpgroup starts a
-    block's softmax, finishes it, has issued the block's products, sees them done) as cycles per
-    phase and block, with the warpgroups' offset (start of warpgroup 1 minus start of 0); only the
-    last call's lines count (each call prints them)."""
+    """The TRACE lines of a -DSAGE_WG_TRACE build as cycles per phase and K block for each
+    consumer warpgroup, with the warpgroups' offset (start of warpgroup 1 minus start of 0). A line
+    holds the SM clock at stamps 0-4 (csrc/common/attn_wgmma.cuh): in the plain loop softmax
+    start, softmax done, products issued, products done, K/V landed (between done and issued);
+    shown as softmax (0->1), K/V wait (1->4), issue (4->2), products (2->3) and period (0->next 0).
+    The overlapped loop's stamps mean other things (see the kernel). Only the last call's lines
+    count (each call prints them)."""
     stamps: dict[tuple[int, int], tuple[int, ...]] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 11 and parts[0] == "TRACE":  # TRACE sm S wg W kb K t0 t1 t2 t3
-            stamps[(int(parts[4]), int(parts[6]))] = tuple(int(x) for x in parts[7:11])
+        if len(parts) == 12 and parts[0] == "TRACE":  # TRACE sm S wg W kb K t0 t1 t2 t3 t4
+            stamps[(int(parts[4]), int(parts[6]))] = tuple(int(x) for x in parts[7:12])
     if not stamps:
         return "no TRACE lines (build with -DSAGE_WG_TRACE=<CTA index>)\n"
     kbs = sorted({kb for _, kb in stamps})
     wgs = sorted({wg for wg, _ in stamps})
+    names = ("softmax", "kv_wait", "issue", "products", "period")
 
     def dt(a: int, b: int) -> int:  # 32-bit clock differences
         return (b - a) % (1 << 32)
 
-    rows = ["kb  " + "  ".join(f"wg{w}: softmax  wait+issue  products  period" for w in wgs) + "  offset"]
+    rows = ["kb  " + "  ".join(" ".join(f"wg{w}:{n:>8}" for n in names) for w in wgs) + "   offset"]
     cols: dict[str, list[int]] = collections.defaultdict(list)
     for kb in kbs:
         cells = []
         for w in wgs:
-            t = stamps.get((w, kb))
-            nxt = stamps.get((w, kb + 1))
+            t, nxt = stamps.get((w, kb)), stamps.get((w, kb + 1))
             if t is None:
-                cells.append(" " * 40)
+                cells.append(" ".join(" " * 12 for _ in names))
                 continue
-            vals = (dt(t[0], t[1]), dt(t[1], t[2]), dt(t[2], t[3]), dt(t[0], nxt[0]) if nxt else None)
-            for name, v in zip(("softmax", "wait", "products", "period"), vals):
+            vals = (dt(t[0], t[1]), dt(t[1], t[4]), dt(t[4], t[2]), dt(t[2], t[3]), dt(t[0], nxt[0]) if nxt else None)
+            for name, v in zip(names, vals):
                 if v is not None:
                     cols[f"wg{w} {name}"].append(v)
-            cells.append(f"{vals[0]:13d}  {vals[1]:10d}  {vals[2]:8d}  {vals[3] if vals[3] is not None else '-':>6}")
+            cells.append(" ".join(f"{v if v is not None else '-':>12}" for v in vals))
         off = ""
         if (0, kb) in stamps and (1, kb) in stamps:
             o = (stamps[(1, kb)][0] - stamps[(0, kb)][0] + (1 << 31)) % (1 << 32) - (1 << 31)
             cols["offset"].append(o)
-            off = f"{o:8d}"
+            off = f"{o:9d}"
         rows.append(f"{kb:<3d} " + "  ".join(cells) + off)
     rows.append("median: " + ", ".join(f"{k} {sorted(v)[len(v) // 2]}" for k, v in cols.items()))
     return "\n".join(rows) + "\n"

@@ -644,8 +644,11 @@ cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
 // cp.async Q once and K/V into a ring of STAGES buffers, each buffer's arrival signalled on an
 // mbarrier (cp.async.mbarrier.arrive.noinc), and wait for the consumers to release a buffer (an
 // "empty" mbarrier) before refilling it. The consumer warpgroups never meet at a barrier, so their
-// softmax and MMA phases can drift apart; PINGPONG additionally makes them take turns issuing
-// their wgmmas (named barriers), so one's softmax overlaps the other's products.
+// softmax and MMA phases can drift apart; PINGPONG makes them take turns (named barriers) so
+// that one's softmax overlaps the other's products: 1, a warpgroup issues once the other has
+// issued; 2, once the other's products are done (a warpgroup's wgmmas then run alone: on the
+// H200 the issue of a wgmma stalls while the tensor cores are busy, so two warpgroups issuing
+// together finish together and fall into lockstep, gpu_dev_profile.py trace).
 // The producer gives most of its registers to the consumers (setmaxnreg).
 // V_BYTES: bytes per V element (2: fp16/bf16 V, MN-major; 1: FP8 V^T, K-major).
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int V_BYTES = 2>
@@ -680,7 +683,7 @@ struct WgmmaWsTraits {
 // sm89 family's e4m3 V^T with per-channel scales; the sm90_fp8 family). TWO_LEVEL (FP8):
 // each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
 // O ("fp32").
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT,
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p) {
@@ -758,8 +761,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   [[maybe_unused]] float ob[TWO_LEVEL ? HEAD_DIM / 2 : 1];  // TWO_LEVEL: this block's P.V
   const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
 
-  // Ping-pong: warpgroup w issues its products after the other one has issued its own (named
-  // barrier 1 + w: its 128 threads wait, the other's 128 arrive); warpgroup 1 lets 0 go first.
+  // Ping-pong: warpgroup w issues its products after the other one has issued its own
+  // (PINGPONG 1) or seen its own done (2) (named barrier 1 + w: its 128 threads wait, the other's
+  // 128 arrive); warpgroup 1 lets 0 go first.
   constexpr int kTurnThreads = 256;
   if constexpr (PINGPONG) {
     if (wgi == 1) sm90::named_arrive(1, kTurnThreads);
@@ -779,6 +783,21 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
   // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
   wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
+  // SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
+  // loop stamps softmax start (0), softmax done (1), products issued (2), products done (3); the
+  // overlapped loop its top (0), products issued (1), the next softmax done (2), P.V done (3).
+  // Both stamp K_{kb+1} and V_kb landed (4), before the products' wgmmas.
+#if SAGE_WG_TRACE >= 0
+  constexpr int kTraceFirst = 8, kTraceBlocks = 16;
+  uint32_t trace[kTraceBlocks][5];
+  const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
+                      (tid & 127) == 0;
+  auto stamp = [&](int kb, int phase) {
+    if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
+  };
+#else
+  auto stamp = [](int, int) {};
+#endif
   // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
   // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
   // refills it any more): no branch around the wgmma groups.
@@ -788,6 +807,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
     if (more) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
     fence_proxy_async_smem();
+    stamp(kb, 4);
     if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
     wg::preset_scores<BLOCK_N>(s_i);
     wgmma_fence();
@@ -797,8 +817,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
     else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
     wgmma_commit();
-    if constexpr (PINGPONG) {
+    if constexpr (PINGPONG == 1) {
       if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
+    }
+  };
+  // PINGPONG 2: the other warpgroup's turn once this one's products are done
+  auto pass_turn_when_done = [&](int kb) {
+    if constexpr (PINGPONG == 2) {
+      if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
     }
   };
   // O *= alpha once P_{kb-1} V_{kb-1} is complete; a warp whose row maxima all stayed skips it.
@@ -806,20 +832,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
       wg::rescale<HEAD_DIM>(o, alpha);
   };
-// SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
-  // loop stamps softmax start, softmax done, products issued, products done; the overlapped loop
-  // stamps its loop top (before the K/V waits), products issued, the next softmax done, P.V done.
-#if SAGE_WG_TRACE >= 0
-  constexpr int kTraceFirst = 8, kTraceBlocks = 16;
-  uint32_t trace[kTraceBlocks][4];
-  const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
-                      (tid & 127) == 0;
-  auto stamp = [&](int kb, int phase) {
-    if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
-  };
-#else
-  auto stamp = [](int, int) {};
-#endif
   if constexpr (SAGE_WG_WS_OVERLAP && !TWO_LEVEL) {  // two-level keeps the plain loop
   // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
   // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
@@ -857,6 +869,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_wait<0>();
     wgmma_pin(o);
     stamp(kb, 3);
+    pass_turn_when_done(kb);
     if (never) {
       #pragma unroll
       for (int kc = 0; kc < kPChunks; ++kc)
@@ -901,6 +914,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_pin(s_i);
     wgmma_pin(o);
     stamp(kb, 3);  // products done
+    pass_turn_when_done(kb);
     sm90::mbar_arrive(empty(kb % STAGES));
     if constexpr (TWO_LEVEL) {  // O = alpha O + P_kb V_kb, in fp32
       wgmma_pin(ob);
@@ -919,8 +933,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     unsigned smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     for (int i = 0; i < kTraceBlocks && kTraceFirst + i < n_kblocks; ++i)
-      printf("TRACE sm %u wg %d kb %d %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
-             trace[i][2], trace[i][3]);
+      printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
+             trace[i][2], trace[i][3], trace[i][4]);
   }
 #endif
   wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
@@ -929,7 +943,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #endif
 }
 
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, bool PINGPONG, PvKind PV, typename OutT,
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
   return launch_over_query_blocks<
