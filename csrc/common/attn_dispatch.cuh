@@ -73,7 +73,7 @@ static_assert(16 * SAGE_HD64_MT * SAGE_HD64_WARPS <= 128 && 16 * SAGE_HD128_MT *
 #define SAGE_WG_STAGES 2  // WS: K/V buffers in the ring
 #endif
 #ifndef SAGE_WG_PINGPONG
-#define SAGE_WG_PINGPONG 0  // WS with NWG=2: the consumer warpgroups take turns issuing wgmmas
+#define SAGE_WG_PINGPONG 0  // WS with NWG=2: turns for the consumers' wgmmas (1: on issue, 2: on completion)
 #endif
 }  // namespace sage
 #include "attn_wgmma.cuh"

@@ -74,6 +74,23 @@ def test_variants_combine_defines_and_another_csrc_tree(tmp_path):
         native.main(["--family", "sm80", "--variant-csrc", f"x={tmp_path}"])
 
 
+def test_trace_table_turns_clock_stamps_into_phase_cycles():
+    profile = _load("gpu_dev_profile")
+    text = "\n".join([
+        "noise",
+        "TRACE sm 3 wg 0 kb 8 100 600 700 1300 650",    # t0 softmax, t1 done, t2 issued, t3 done, t4 K/V
+        "TRACE sm 3 wg 1 kb 8 150 640 760 1400 700",
+        "TRACE sm 3 wg 0 kb 9 1300 1800 1900 2500 1850",
+        "TRACE sm 3 wg 0 kb 8 4294967196 404 504 1104 454",  # a later call wins; the clock wraps
+    ])
+    table = profile.trace_table(text)
+    first = next(line for line in table.splitlines() if line.startswith("8 "))
+    assert first.split()[1:6] == ["504", "50", "50", "600", "1400"]  # wg0: wrap handled, period to kb 9
+    assert first.split()[6:10] == ["490", "60", "60", "640"]
+    assert first.split()[-1] == "250"  # wg1 starts 250 cycles after wg0 (across the wrap)
+    assert "no TRACE lines" in profile.trace_table("nothing here")
+
+
 def test_variant_families_default_and_per_name():
     native = _load("gpu_dev_native")
     names = {"a": None, "b": None, "c": None}
