@@ -32,6 +32,11 @@ CALIBRATION_VALUES = ("on", "off")  # the first is the default
 # Every reason for choosing SDPA because it was measured faster opens with this; such a choice is a
 # speed decision, not a fallback the user should act on, so log_once logs it at INFO, not WARNING.
 SDPA_FASTER = "SDPA is faster for this shape"
+# A quantized backend replaces SDPA only where the calibration measured it at least this much
+# faster: SDPA's own time at one shape moves by several percent from one process to the next on the
+# H200 (568-614 TOPS at fp16 4x32x4096x128 over one day's calls, benchmarks/results/), so a smaller
+# measured gain can be a loss when the user runs it, and sageattn must not be slower than SDPA.
+CALIBRATION_MIN_SPEEDUP = 1.05
 logger = logging.getLogger("sageattention")
 
 
@@ -428,7 +433,8 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
     """(choice, None) from the table's nearest entry, or (None, why the table was not used) for the
     static order to apply. Among the backends that can run the call (no hard misfit), those that
     provide every option asked for come first, then the fastest measured, then unmeasured ones in
-    the static order; SDPA runs instead when it was measured faster than that pick."""
+    the static order; SDPA runs instead unless that pick was measured at least
+    CALIBRATION_MIN_SPEEDUP times as fast."""
     fitting = [(b, options) for b, hard, options in assessed if not hard]
     if not fitting:
         return None, None  # the input or the build decides; the static path says why
@@ -464,6 +470,12 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
     sdpa_ms, best_ms = entry.time(SDPA), entry.time(best.name)
     if sdpa_ms is not None and (best_ms is None or sdpa_ms < best_ms):
         return BackendChoice(SDPA, f"{SDPA_FASTER} ({where})", True, calibrated=True), None
+    if sdpa_ms is not None and sdpa_ms < best_ms * CALIBRATION_MIN_SPEEDUP:
+        gain = sdpa_ms / best_ms - 1
+        return BackendChoice(
+            SDPA, f"{SDPA_FASTER} within measurement noise ({best.name} measured {gain:.1%} faster, "
+                  f"less than the {CALIBRATION_MIN_SPEEDUP - 1:.0%} a quantized backend must gain; {where})",
+            True, calibrated=True), None
     why = f"fastest measured for this shape ({where})"
     unusable = [f"{b.name}: {'; '.join(hard)}" for b, hard, _ in assessed if hard]
     if unusable:

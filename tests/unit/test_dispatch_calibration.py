@@ -92,9 +92,17 @@ def test_nearest_entry_decides_in_log_space():
     assert causal.name == "sdpa" and "fp16 1x32x16384x128 causal" in causal.reason
 
 
-def test_tie_goes_to_the_quantized_backend():
-    tied = table(entry(1, 32, 4096, 128, sdpa=1.0, cuda_sm89_fp8=1.0))
-    assert choose(req(n=4096), inv(*ALL), calibration=tied).name == "cuda-sm89-fp8"
+def test_a_quantized_backend_must_beat_sdpa_by_the_margin():
+    # A tie, or a gain inside run-to-run noise, keeps SDPA and says so with the figures.
+    for native_ms in (1.0, 0.97, 1.0 / dispatch.CALIBRATION_MIN_SPEEDUP + 1e-4):
+        near = table(entry(1, 32, 4096, 128, sdpa=1.0, cuda_sm89_fp8=native_ms))
+        choice = choose(req(n=4096), inv(*ALL), calibration=near)
+        assert choice.name == "sdpa" and choice.calibrated, native_ms
+        assert choice.reason.startswith("SDPA is faster for this shape within measurement noise "
+                                        "(cuda-sm89-fp8 measured ")
+        assert "less than the 5% a quantized backend must gain" in choice.reason
+    clear = table(entry(1, 32, 4096, 128, sdpa=1.0, cuda_sm89_fp8=1.0 / dispatch.CALIBRATION_MIN_SPEEDUP - 1e-4))
+    assert choose(req(n=4096), inv(*ALL), calibration=clear).name == "cuda-sm89-fp8"
 
 
 # --- unmeasured backends --------------------------------------------------------------------------
@@ -300,19 +308,23 @@ def test_a_table_that_did_not_measure_cuda_sm90_fp16_never_picks_it():
     assert choose(req(), inv(*FAMILIES), calibration=MIXED).name == "sdpa"
 
 
-def test_the_packaged_sm90_table_picks_what_it_measured_fastest_including_the_sm90_family():
+def test_the_packaged_sm90_table_picks_what_it_measured_fastest_past_the_margin():
     packaged = calibration.for_capability((9, 0))
     assert packaged is not None
     picked = set()
     for e in packaged.entries:
         times = {n: e.time(n) for n in BACKEND_NAMES if e.time(n) is not None}
-        fastest = min(times, key=times.get)
+        fastest = min((n for n in times if n != "sdpa"), key=times.get)
+        if times["sdpa"] < times[fastest] * dispatch.CALIBRATION_MIN_SPEEDUP:
+            fastest = "sdpa"  # SDPA faster, or the quantized gain inside the noise margin
         choice = choose(req(b=e.batch, h=e.heads, n=e.seq_len, d=e.head_dim, causal=e.causal,
                             dtype=calibration.DTYPES[e.dtype]), inv(*FAMILIES), calibration=packaged)
         assert choice.calibrated and choice.name == fastest, (e.name, choice.reason)
         picked.add(choice.name)
-    # measured fastest at 1x32x16384x128 and 2x32x8192x128 (benchmarks/results/h200-2026-12-03-calibration-sm90fp8.json)
-    assert {"cuda-sm90-fp16", "cuda-sm90-fp8"} <= picked
+    # measured 8-25% faster than SDPA at 1x32x16384x128 and 2x32x8192x128 non-causal
+    # (benchmarks/results/h200-2026-12-03-calibration-sm90fp8.json); cuda-sm90-fp16's best gain
+    # there, 2.6% (2x32x8192x128 causal), is inside the margin
+    assert "cuda-sm90-fp8" in picked and "sdpa" in picked
 
 
 def test_where_the_table_does_not_apply_cuda_sm90_fp16_comes_first():
