@@ -4,13 +4,7 @@
 #pragma once
 #include <cmath>
 
-#ifndef SAGE_HOST_DEVICE
-#if defined(__CUDACC__)
-#define SAGE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define SAGE_HOST_DEVICE inline
-#endif
-#endif
+#include "host_device.h"
 
 namespace sage {
 

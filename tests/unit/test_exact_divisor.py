@@ -9,13 +9,10 @@ within 1 ulp of 1/scale; here it is emulated anywhere within 2 ulp. The GPU test
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from host_cpp import compile_driver
 
 DRIVER = r"""
 #include <cmath>
@@ -67,15 +64,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH (g++ or c++)")
-    folder = tmp_path_factory.mktemp("exact_div")
-    (folder / "driver.cpp").write_text(DRIVER)
-    exe = folder / "driver"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-I", str(ROOT / "csrc" / "common"),
-                    str(folder / "driver.cpp"), "-o", str(exe)], check=True)
-    return exe
+    return compile_driver(tmp_path_factory.mktemp("exact_div"), "driver", DRIVER)
 
 
 def test_quotient_steps_equal_ieee_division_and_round_the_same(driver):

@@ -7,13 +7,10 @@ P's 448 into the exponent), down to the masked scores' -inf, which must give exa
 """
 from __future__ import annotations
 
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from host_cpp import compile_driver
 
 DRIVER = r"""
 #include <cmath>
@@ -54,25 +51,14 @@ int main() {
 
 
 @pytest.fixture(scope="module")
-def compile_driver(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler on PATH (g++ or c++)")
+def build(tmp_path_factory):
     folder = tmp_path_factory.mktemp("exp2_fma")
-
-    def build(name: str, source: str) -> Path:
-        (folder / f"{name}.cpp").write_text(source)
-        exe = folder / name
-        subprocess.run([cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-I", str(ROOT / "csrc" / "common"),
-                        str(folder / f"{name}.cpp"), "-o", str(exe)], check=True)
-        return exe
-
-    return build
+    return lambda name, source: compile_driver(folder, name, source)
 
 
 @pytest.mark.parametrize("lo, hi", [(-126.0, 9.0), (-1.0, 1.0), (-20.0, 0.0)])
-def test_relative_error_below_fp16_half_ulp(compile_driver, lo, hi):
-    exe = compile_driver("sweep", DRIVER)
+def test_relative_error_below_fp16_half_ulp(build, lo, hi):
+    exe = build("sweep", DRIVER)
     out = subprocess.run([str(exe), str(lo), str(hi), "2000000"], check=True, capture_output=True,
                          text=True).stdout
     checked, not_finite, worst, worst_x = out.split()
@@ -81,8 +67,8 @@ def test_relative_error_below_fp16_half_ulp(compile_driver, lo, hi):
     assert float(worst) < 1.03e-4, f"relative error {worst} at x = {worst_x}"
 
 
-def test_masked_and_extreme_exponents(compile_driver):
-    exe = compile_driver("specials", SPECIALS)
+def test_masked_and_extreme_exponents(build):
+    exe = build("specials", SPECIALS)
     got = [float.fromhex(line) for line in
            subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
     neg_inf, huge_neg, below, at_floor, near_floor, floor1, m_half, zero, half, one, log2_448, top = got
