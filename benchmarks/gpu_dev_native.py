@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", metavar="JSON",
                         help="only print a stored native_dev.json's timing as a markdown table")
     parser.add_argument("--markdown", metavar="OUT", help="with --render: also write the table here")
-    parser.add_argument("--family", action="append", choices=["sm80", "sm89", "sm90", "sm90_fp8"],
+    parser.add_argument("--family", action="append", choices=FAMILY_NAMES,
                         help="family to build and measure (repeatable)")
     parser.add_argument("--arch", default="9.0", help="TORCH_CUDA_ARCH_LIST value (default 9.0)")
     parser.add_argument("--std", default="c++17", help="C++ standard (torch 2.14 needs c++20)")

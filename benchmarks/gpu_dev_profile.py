@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,8 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.mode == "aten-stats":
             aten_stats(case, args.dtype)
         elif args.mode == "trace":  # device printf reaches the C stdout: read it from a child
-            import subprocess
-
             cmd = [sys.executable, __file__, "drive", "--case", case, "--label", args.label, "--dtype",
                    args.dtype, "--calls", "2"] + (["--causal"] if args.causal else [])
             proc = subprocess.run(cmd, capture_output=True, text=True)
