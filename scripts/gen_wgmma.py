@@ -161,13 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     parts = [HEADER]
-    for n in (64, 128):
+    for n in (64, 128, 256):  # n256: benchmarks/gpu_dev_wgmma_rate.cu
         parts.append(ss_s8(n))
     for n in (64, 128):
         for ty in ("f16", "bf16"):
             parts.append(rs_16(n, ty))
             parts.append(ss_16(n, ty))
-    for n in (64, 128):
+    for n in (64, 128, 256):
         parts.append(rs_e4m3(n))
     parts.append("\n}  // namespace sage\n")
     OUT.write_text("".join(parts))
