@@ -74,6 +74,12 @@ namespace sage {
 #ifndef SAGE_WG_EXP2_FMA
 #define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
 #endif
+#ifndef SAGE_WG_INTERLEAVE
+// WS kernel, plain loop: issue the k-steps of S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb alternately,
+// as one commit group, so that consecutive wgmmas of a warpgroup write different accumulators
+// (0: all of S's, then all of O's). Measured no faster (docs/kernels.md, 2026-12-04 late).
+#define SAGE_WG_INTERLEAVE 0
+#endif
 namespace wg {
 
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile whose rows are ROW_BYTES
@@ -244,6 +250,33 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
   const uint64_t desc_v = make_desc(v_tile, BLOCK_N * 128, 1024, 1);
   #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);
+}
+
+// S = Q K^T (from kScoreBias) and O (+)= P V, their k-steps alternating (SAGE_WG_INTERLEAVE): QK
+// step j goes right before P.V step ceil(j * kP / kQ), so the two accumulator chains interleave
+// evenly. FP8 (PA of BLOCK_N / 32 fragments): fresh as in issue_pv_fp8.
+template <int HEAD_DIM, int BLOCK_N, PvKind PV, int PA>
+__device__ __forceinline__ void issue_qk_pv_interleaved(int32_t (&s)[BLOCK_N / 2], uint64_t desc_q, uint32_t k_tile,
+                                                        float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[PA][4],
+                                                        uint32_t v_tile, bool fresh) {
+  constexpr bool kFp8 = PV == PvKind::kFp8;
+  constexpr int kQ = HEAD_DIM / 32, kP = PA;
+  static_assert(PA == (kFp8 ? BLOCK_N / 32 : BLOCK_N / 16) && kQ <= kP, "one P.V step per A fragment");
+  const uint64_t desc_k = make_desc(k_tile, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+  const uint64_t desc_v = kFp8 ? make_desc(v_tile, 16, 8 * 128, 1) : make_desc(v_tile, BLOCK_N * 128, 1024, 1);
+  #pragma unroll
+  for (int i = 0; i < kP; ++i) {
+    if ((i * kQ) % kP < kQ) {
+      const int j = i * kQ / kP;
+      qk_wgmma<BLOCK_N>(s, desc_q + 2 * j, desc_k + 2 * j, kScoreBias != 0 || j > 0);
+    }
+    if constexpr (kFp8) {
+      if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, pa[i], desc_v + 2 * i, !(fresh && i == 0));
+      else wgmma_m64n128k32_e4m3_rs(o, pa[i], desc_v + 2 * i, !(fresh && i == 0));
+    } else {
+      pv_wgmma<HEAD_DIM, PV>(o, pa[i], desc_v + 128 * i);
+    }
+  }
 }
 
 }  // namespace wg
@@ -811,12 +844,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
     wg::preset_scores<BLOCK_N>(s_i);
     wgmma_fence();
-    wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
-    wgmma_commit();
-    if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
-    else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
-    else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
-    wgmma_commit();
+    if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
+      if constexpr (TWO_LEVEL)
+        wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, ob, pa,
+                                                           sV + st * Tr::kVBytes, true);
+      else
+        wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, o, pa,
+                                                           sV + st * Tr::kVBytes, false);
+      wgmma_commit();
+    } else {
+      wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
+      wgmma_commit();
+      if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+      else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
+      else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+      wgmma_commit();
+    }
     if constexpr (PINGPONG == 1) {
       if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
     }
