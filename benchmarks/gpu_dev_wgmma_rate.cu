@@ -33,6 +33,7 @@ __device__ __forceinline__ void e4m3_rs(float (&d)[N / 2], const uint32_t (&a)[4
 }
 
 constexpr int kABytes = 64 * 128;  // a warpgroup's A: 64 rows x 128 bytes (K-major)
+constexpr int kLoopFields = 5;     // loop_kernel's figures per warpgroup
 
 template <int NWG, int N, int OP, int CHAINS, bool SHARED_B, int IN_FLIGHT>
 __global__ void __launch_bounds__(NWG * 128, 1) rate_kernel(int iters, unsigned long long* cycles, int* sink) {
@@ -160,68 +161,79 @@ __global__ void __launch_bounds__(256, 1) mixed_kernel(int wgmma_iters, int alu_
 // The attention loop without memory traffic: two warpgroups, each per block a softmax of its 64
 // scores per thread (row max with quad shuffles, FFMA + EX2, row sum, e4m3 packing) and then its
 // products (4 s8 SS k-steps into S, 4 e4m3 RS k-steps into O). PINGPONG 0: the warpgroups run
-// freely (lockstep, as the kernels do); 2: a warpgroup issues its products only once the other's
-// are done (named barriers, as SAGE_WG_PINGPONG=2). PRODUCER: a third warpgroup cp.asyncs 32 KB
-// (a K and an FP8 V^T block) from global memory into a ring of its own every 2000 cycles, as the
-// kernels' producer does (PRODUCER 1), or with two 16 KB bulk copies (cp.async.bulk, the copy
-// engine) issued by one thread (PRODUCER 2). Cycles per block and per phase, per warpgroup.
-template <int PINGPONG, int PRODUCER>
+// freely; 2: a warpgroup issues its products only once the other's are done (named barriers, as
+// SAGE_WG_PINGPONG=2). PRODUCER: a third warpgroup copies 32 KB per block (a K and an FP8 V^T
+// block) from global memory with cp.async by its 128 threads (1), as the kernels' producer does,
+// or with two 16 KB bulk copies (cp.async.bulk, the copy engine) issued by one thread (2).
+// STAGES 0: the producer copies into a ring of its own every 2000 cycles, nobody waits for it (its
+// cost on the SM alone); STAGES >= 2: the kernels' protocol, the products of block kb read the
+// ring's stage kb % STAGES once its full barrier completes and release it (empty barrier, both
+// warpgroups) once done, and the producer refills a stage as soon as it is released. Per
+// warpgroup: cycles per block and per phase, and when its products start (the offset between
+// the warpgroups: 0 is lockstep, half the period is the ideal alternation).
+template <int PINGPONG, int PRODUCER, int STAGES>
 __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int blocks, unsigned long long* cycles,
                                                                       int* sink, const uint4* src, int src_blocks) {
 #if defined(SAGE_HAS_WGMMA)
+  static_assert(STAGES == 0 || (PRODUCER && STAGES >= 2), "a gated loop needs a producer and two stages");
+  constexpr int kRingStages = STAGES ? STAGES : 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (sage::smem_u32(smem_raw) + 1023u) & ~1023u;
   uint8_t* gen = smem_raw + (base - sage::smem_u32(smem_raw));
   const int tid = threadIdx.x, wgi = tid / 128;
   constexpr int kBytes = 2 * kABytes + 2 * 128 * 128;  // Q of both warpgroups, K, V^T
+  const uint32_t ring = base + kBytes, bars = ring + kRingStages * 32768;
+  auto full = [&](int st) { return bars + 8 * st; };
+  auto empty = [&](int st) { return bars + 8 * (kRingStages + st); };
   for (int i = tid; i < kBytes; i += blockDim.x) gen[i] = static_cast<uint8_t>((i * 37) & 0x3F);
+  if (PRODUCER && tid == 0)  // the barriers live after the ring, which only a producer has
+    for (int st = 0; st < kRingStages; ++st) {
+      sage::sm90::mbar_init(full(st), PRODUCER == 2 ? 1 : 128);
+      sage::sm90::mbar_init(empty(st), 256);
+    }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncthreads();
   sage::fence_proxy_async_smem();
   __syncthreads();
   if (PRODUCER && wgi == 2) {  // 2048 16-byte copies per 32 KB block, 16 per thread
     sage::sm90::regs_lower<40>();  // the consumers take the rest, as in the kernels
-    const uint32_t ring = base + kBytes, bar = ring + 65536;
-    if constexpr (PRODUCER == 2) {
-      if (tid != 256) return;
-      sage::sm90::mbar_init(bar, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      for (int kb = 0; kb < blocks; ++kb) {
-        const long long start = clock64();
-        const uint4* blk = src + static_cast<int64_t>((blockIdx.x * 7 + kb) % src_blocks) * 2048;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(32768) : "memory");
+    if (PRODUCER == 2 && tid != 256) return;  // one thread issues the bulk copies
+    for (int kb = 0; kb < blocks; ++kb) {
+      const long long start = clock64();
+      const int st = kb % kRingStages;
+      const uint4* blk = src + static_cast<int64_t>((blockIdx.x * 7 + kb) % src_blocks) * 2048;
+      if (STAGES && kb >= STAGES) sage::sm90::mbar_wait(empty(st), (kb / kRingStages - 1) & 1);
+      if constexpr (PRODUCER == 2) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full(st)), "n"(32768)
+                     : "memory");
         for (int h = 0; h < 2; ++h)
           asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                       ::"r"(ring + (kb & 1) * 32768 + h * 16384), "l"(blk + h * 1024), "n"(16384), "r"(bar)
+                       ::"r"(ring + st * 32768 + h * 16384), "l"(blk + h * 1024), "n"(16384), "r"(full(st))
                        : "memory");
-        sage::sm90::mbar_wait(bar, kb & 1);
-        while (clock64() - start < 2000) {
-        }
-      }
-    } else {
-      for (int kb = 0; kb < blocks; ++kb) {
-        const long long start = clock64();
-        const uint4* blk = src + static_cast<int64_t>((blockIdx.x * 7 + kb) % src_blocks) * 2048;
+        if (!STAGES) sage::sm90::mbar_wait(full(st), (kb / kRingStages) & 1);
+      } else {
         #pragma unroll
         for (int i = 0; i < 16; ++i)
-          sage::cp_async_16(ring + (kb & 1) * 32768 + (i * 128 + tid - 256) * 16, blk + i * 128 + tid - 256, true);
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
+          sage::cp_async_16(ring + st * 32768 + (i * 128 + tid - 256) * 16, blk + i * 128 + tid - 256, true);
+        if (STAGES) sage::sm90::mbar_arrive_on_cp_async(full(st));
+        else asm volatile("cp.async.wait_all;\n" ::: "memory");
+      }
+      if (!STAGES)
         while (clock64() - start < 2000) {
         }
-      }
     }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
   if constexpr (PRODUCER) sage::sm90::regs_raise<232>();
   const uint64_t dq = sage::wg::make_desc(base + wgi * kABytes, 16, 1024, 1);
-  const uint64_t dk = sage::wg::make_desc(base + 2 * kABytes, 16, 1024, 1);
-  const uint64_t dv = sage::wg::make_desc(base + 2 * kABytes + 128 * 128, 16, 1024, 1);
   int32_t s[64];
   float o[64];
   #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] = 0x4B400000 + (i * 131 + tid) % 1000, o[i] = 0.f;
   float m = -INFINITY, l = 0.f;
   if (PINGPONG && wgi == 1) sage::sm90::named_arrive(1, 256);
-  unsigned long long t_soft = 0, t_prod = 0;
+  unsigned long long t_soft = 0, t_prod = 0, t_issue = 0;
   const unsigned long long t0 = clock64();
   for (int kb = 0; kb < blocks; ++kb) {
     const unsigned long long ta = clock64();
@@ -252,7 +264,15 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= alpha;
     const unsigned long long tb = clock64();
+    const int st = kb % kRingStages;
+    const uint32_t kv = STAGES ? ring + st * 32768 : base + 2 * kABytes;
+    if constexpr (STAGES != 0) {
+      sage::sm90::mbar_wait(full(st), (kb / kRingStages) & 1);
+      sage::fence_proxy_async_smem();
+    }
     if constexpr (PINGPONG) sage::sm90::named_sync(1 + wgi, 256);
+    t_issue += clock64() - t0;
+    const uint64_t dk = sage::wg::make_desc(kv, 16, 1024, 1), dv = sage::wg::make_desc(kv + 128 * 128, 16, 1024, 1);
     #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] = 0x4B400000;
     sage::wgmma_fence();
@@ -265,6 +285,7 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     sage::wgmma_wait<0>();
     sage::wgmma_pin(s);
     sage::wgmma_pin(o);
+    if constexpr (STAGES != 0) sage::sm90::mbar_arrive(empty(st));
     if constexpr (PINGPONG) {
       if (wgi == 0 || kb + 1 < blocks) sage::sm90::named_arrive(1 + (wgi ^ 1), 256);
     }
@@ -278,32 +299,44 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
   for (int i = 0; i < 64; ++i) sum += o[i];
   if (sum == 12345.f) sink[0] = 3;
   if (tid % 128 == 0) {
-    cycles[3 * (blockIdx.x * 2 + wgi) + 0] = t1 - t0;
-    cycles[3 * (blockIdx.x * 2 + wgi) + 1] = t_soft;
-    cycles[3 * (blockIdx.x * 2 + wgi) + 2] = t_prod;
+    unsigned long long* c = cycles + kLoopFields * (blockIdx.x * 2 + wgi);
+    c[0] = t1 - t0;
+    c[1] = t_soft;
+    c[2] = t_prod;
+    c[3] = t0;
+    c[4] = t_issue;  // sum over blocks of (products start - t0)
   }
 #else
   __trap();
 #endif
 }
 
-template <int PINGPONG, int PRODUCER>
+template <int PINGPONG, int PRODUCER, int STAGES>
 void run_loop(int sms, unsigned long long* d_cycles, int* d_sink, const uint4* src, int src_blocks) {
-  const int smem = 2 * kABytes + 2 * 128 * 128 + (PRODUCER ? 65536 + 16 : 0) + 1024, blocks = 512;
-  auto kernel = loop_kernel<PINGPONG, PRODUCER>;
+  constexpr int kRingStages = STAGES ? STAGES : 2;
+  const int smem = 2 * kABytes + 2 * 128 * 128 + (PRODUCER ? kRingStages * 32768 + 2 * 8 * kRingStages : 0) + 1024;
+  const int blocks = 512;
+  auto kernel = loop_kernel<PINGPONG, PRODUCER, STAGES>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<sms, PRODUCER ? 384 : 256, smem>>>(blocks, d_cycles, d_sink, src, src_blocks);
   kernel<<<sms, PRODUCER ? 384 : 256, smem>>>(blocks, d_cycles, d_sink, src, src_blocks);
   CHECK(cudaDeviceSynchronize());
-  static unsigned long long h[132 * 2 * 3];
-  CHECK(cudaMemcpy(h, d_cycles, sizeof(unsigned long long) * sms * 6, cudaMemcpyDeviceToHost));
-  double c[2][3] = {};
-  for (int i = 0; i < sms; ++i)
+  static unsigned long long h[132 * 2 * kLoopFields];
+  CHECK(cudaMemcpy(h, d_cycles, sizeof(unsigned long long) * sms * 2 * kLoopFields, cudaMemcpyDeviceToHost));
+  double c[2][3] = {}, offset = 0;
+  for (int i = 0; i < sms; ++i) {
+    const unsigned long long* w0 = h + kLoopFields * 2 * i;
+    const unsigned long long* w1 = w0 + kLoopFields;
     for (int w = 0; w < 2; ++w)
-      for (int f = 0; f < 3; ++f) c[w][f] += static_cast<double>(h[3 * (2 * i + w) + f]) / sms / blocks;
-  std::printf("loop, ping-pong %d, producer %d: cycles per block %.0f / %.0f (WG0 / WG1); softmax %.0f / %.0f, turn + products %.0f / %.0f; "
-              "tensor busy %.0f%% at 64 cycles per wgmma\n",
-              PINGPONG, PRODUCER, c[0][0], c[1][0], c[0][1], c[1][1], c[0][2], c[1][2], 100.0 * 16 * 64 / c[0][0]);
+      for (int f = 0; f < 3; ++f) c[w][f] += static_cast<double>(w0[kLoopFields * w + f]) / sms / blocks;
+    // mean over blocks of WG1's products start minus WG0's (clock64 is one counter per SM)
+    offset += (static_cast<double>(w1[3]) - static_cast<double>(w0[3]) +
+               (static_cast<double>(w1[4]) - static_cast<double>(w0[4])) / blocks) / sms;
+  }
+  std::printf("loop, ping-pong %d, producer %d, stages %d: cycles per block %.0f / %.0f (WG0 / WG1); softmax %.0f / %.0f, "
+              "wait + turn + products %.0f / %.0f; WG1 - WG0 products start %+.0f; tensor busy %.0f%% at 64 cycles per wgmma\n",
+              PINGPONG, PRODUCER, STAGES, c[0][0], c[1][0], c[0][1], c[1][1], c[0][2], c[1][2], offset,
+              100.0 * 16 * 64 / c[0][0]);
 }
 
 template <int NWG, int N, int OP, int CHAINS, bool SHARED_B, int IN_FLIGHT>
@@ -348,7 +381,7 @@ int main() {
   if (sms > 132) sms = 132;
   unsigned long long* d_cycles;
   int* d_sink;
-  CHECK(cudaMalloc(&d_cycles, sizeof(unsigned long long) * 132 * 6));
+  CHECK(cudaMalloc(&d_cycles, sizeof(unsigned long long) * 132 * 2 * kLoopFields));
   CHECK(cudaMalloc(&d_sink, sizeof(int)));
   const int iters = 4000;
   std::printf("peak at 1.98 GHz: dense int8 / fp8 = %d SMs x 4096 MAC/clk x 2 = %.0f TOPS; ideal 64 cycles per m64n128k32 per SM\n",
@@ -396,11 +429,18 @@ int main() {
   uint4* d_src;
   CHECK(cudaMalloc(&d_src, static_cast<size_t>(src_blocks) * 32768));
   CHECK(cudaMemset(d_src, 0x11, static_cast<size_t>(src_blocks) * 32768));
-  run_loop<0, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
-  run_loop<2, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
-  run_loop<0, 1>(sms, d_cycles, d_sink, d_src, src_blocks);
-  run_loop<2, 1>(sms, d_cycles, d_sink, d_src, src_blocks);
-  run_loop<0, 2>(sms, d_cycles, d_sink, d_src, src_blocks);
-  run_loop<2, 2>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 0, 0>(sms, d_cycles, d_sink, d_src, src_blocks);  // no memory at all
+  run_loop<2, 0, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 1, 0>(sms, d_cycles, d_sink, d_src, src_blocks);  // a producer nobody waits for
+  run_loop<2, 1, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 2, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<2, 2, 0>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 1, 2>(sms, d_cycles, d_sink, d_src, src_blocks);  // the kernels' protocol (cp.async, 2 stages)
+  run_loop<0, 1, 3>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<2, 1, 2>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 2, 2>(sms, d_cycles, d_sink, d_src, src_blocks);  // the same fed by bulk copies
+  run_loop<0, 2, 3>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<0, 2, 4>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<2, 2, 3>(sms, d_cycles, d_sink, d_src, src_blocks);
   return 0;
 }
