@@ -59,6 +59,14 @@ namespace sage {
 #ifndef SAGE_WG_RESCALE_SKIP
 #define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
 #endif
+#ifndef SAGE_WG_FUSED_UPDATE
+// WS kernel, plain loop: the O update joins the softmax's basic block, so ptxas can schedule its
+// 64 FMUL / FFMA (and the FP8 packing) between the MUFU.EX2s, which otherwise run back to back
+// while the other pipes idle: the rescale O *= alpha right after alpha is known, and with two-level
+// accumulation O = alpha O + P V of the previous block (its P.V done by then). The same operations
+// on the same values, so the results do not change; the rescale is never skipped.
+#define SAGE_WG_FUSED_UPDATE 0
+#endif
 #ifndef SAGE_WG_WS_OVERLAP
 #define SAGE_WG_WS_OVERLAP 0  // WS kernel: the softmax of S_{kb+1} while P_kb V_kb runs
 #endif
@@ -928,13 +936,49 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
   }
   } else {
+  [[maybe_unused]] float alpha_prev[2] = {1.f, 1.f};  // FUSED_UPDATE, two-level: the last block's alpha
+  if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) {
+    #pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) ob[i] = 0.f;  // the first update adds nothing
+  }
+  // O = alpha O + P_kb V_kb, in fp32 (two-level accumulation)
+  auto add_block = [&](const float (&alpha)[2]) {
+    if constexpr (TWO_LEVEL) {
+      #pragma unroll
+      for (int j = 0; j < HEAD_DIM / 8; ++j) {
+        o[4 * j + 0] = fmaf(o[4 * j + 0], alpha[0], ob[4 * j + 0]);
+        o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], ob[4 * j + 1]);
+        o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], ob[4 * j + 2]);
+        o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
+      }
+    }
+  };
   for (int kb = 0; kb < n_kblocks; ++kb) {
     stamp(kb, 0);  // softmax starts
 #if !SAGE_WG_KS_PREFETCH
     blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
 #endif
     float alpha[2];
-    if constexpr (kFp8) {
+    if constexpr (SAGE_WG_FUSED_UPDATE) {
+      // one basic block per mask arm: softmax, packing and the O update of the previous block
+      uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
+      wg::with_mask_choice(blk, [&](auto mask) {
+        constexpr bool kMask = decltype(mask)::value;
+        float sf[BLOCK_N / 2];
+        if constexpr (kFp8) {
+          wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+          wg::pack_p8_frags<BLOCK_N>(sf, pa);
+        } else {
+          wg::softmax_probs_of<BLOCK_N, kMask, false>(s_i, blk, m_run, l_run, alpha, sf);
+          wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
+        }
+        if constexpr (TWO_LEVEL) add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
+        else wg::rescale<HEAD_DIM>(o, alpha);
+      });
+      if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
+      stamp(kb, 1);
+      issue_products(kb, pa);
+    } else if constexpr (kFp8) {
       float sf[BLOCK_N / 2];
       wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
       uint32_t pa[BLOCK_N / 32][4];
@@ -959,17 +1003,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     stamp(kb, 3);  // products done
     pass_turn_when_done(kb);
     sm90::mbar_arrive(empty(kb % STAGES));
-    if constexpr (TWO_LEVEL) {  // O = alpha O + P_kb V_kb, in fp32
+    if constexpr (TWO_LEVEL) {
       wgmma_pin(ob);
-      #pragma unroll
-      for (int j = 0; j < HEAD_DIM / 8; ++j) {
-        o[4 * j + 0] = fmaf(o[4 * j + 0], alpha[0], ob[4 * j + 0]);
-        o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], ob[4 * j + 1]);
-        o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], ob[4 * j + 2]);
-        o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
-      }
+      if constexpr (!SAGE_WG_FUSED_UPDATE) add_block(alpha);
     }
   }
+  if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) add_block(alpha_prev);  // the last block's P.V
   }
 #if SAGE_WG_TRACE >= 0
   if (tracer) {
