@@ -662,13 +662,14 @@ cudaError_t raise_smem_limit_once(int smem_bytes) {
 }
 
 // Host side: launch KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes) on `stream` over (query
-// blocks, q heads, batch). Returns the launch error.
-template <auto KERNEL, typename Tr>
-cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream) {
+// blocks, q heads, batch), with the kernel's parameters after p if it has any. Returns the launch
+// error.
+template <auto KERNEL, typename Tr, typename... More>
+cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, const More&... more) {
   const cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
   const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
-  KERNEL<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p);
+  KERNEL<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, more...);
   return cudaGetLastError();
 }
 

@@ -23,6 +23,7 @@
 
 #include "attn_kernel.cuh"
 #include "sm90_sync.cuh"
+#include "sm90_tma.cuh"
 #include "wgmma_ops.cuh"
 
 namespace sage {
@@ -66,6 +67,11 @@ namespace sage {
 // accumulation O = alpha O + P V of the previous block (its P.V done by then). The same operations
 // on the same values, so the results do not change; the rescale is never skipped.
 #define SAGE_WG_FUSED_UPDATE 0
+#endif
+#ifndef SAGE_WG_TMA
+// WS kernel with FP8 P.V: Q, K and V^T come by the bulk tensor copy engine (sm90_tma.cuh), one
+// producer thread issuing a copy per tile, instead of cp.async by the producer's 128 threads.
+#define SAGE_WG_TMA 0
 #endif
 #ifndef SAGE_WG_WS_OVERLAP
 #define SAGE_WG_WS_OVERLAP 0  // WS kernel: the softmax of S_{kb+1} while P_kb V_kb runs
@@ -720,6 +726,13 @@ struct WgmmaWsTraits {
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
 };
 
+// SAGE_WG_TMA: the tensor maps of Q [B*Hq][q_pad][D], K [B*Hkv][k_pad][D] and V^T [B*Hkv][D][k_pad]
+// (bytes), kernel parameters (TMA reads a map from parameter space). NoTmaMaps: the cp.async path.
+struct WsTmaMaps {
+  CUtensorMap q, k, vt;
+};
+struct NoTmaMaps {};
+
 // PV: fp16 / bf16 P.V on V as given ("fp32" accumulation; the sm90 family), or FP8 (P * 448 and the
 // sm89 family's e4m3 V^T with per-channel scales; the sm90_fp8 family). TWO_LEVEL (FP8):
 // each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
@@ -727,9 +740,12 @@ struct WgmmaWsTraits {
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
-    attn_wgmma_ws_kernel(const AttnParams p) {
+    attn_wgmma_ws_kernel(const AttnParams p,
+                         const __grid_constant__ std::conditional_t<SAGE_WG_TMA && PV == PvKind::kFp8, WsTmaMaps,
+                                                                    NoTmaMaps> maps) {
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
+  constexpr bool kTma = SAGE_WG_TMA && kFp8;  // the copy engine fills Q, K and V^T
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
@@ -753,17 +769,36 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 
   if (tid == 0) {
     for (int st = 0; st < STAGES; ++st) {
-      sm90::mbar_init(full_k(st), 128);  // one cp.async arrival per producer thread
-      sm90::mbar_init(full_v(st), 128);
+      // one cp.async arrival per producer thread, or the TMA thread's arrival with the tile's bytes
+      sm90::mbar_init(full_k(st), kTma ? 1 : 128);
+      sm90::mbar_init(full_v(st), kTma ? 1 : 128);
       sm90::mbar_init(empty(st), Tr::kConsumers);
     }
-    sm90::mbar_init(full_q, 128);
+    sm90::mbar_init(full_q, kTma ? 1 : 128);
+    if constexpr (kTma) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the async proxy
   }
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
 
   if (wgi == NWG) {  // ---- producer ----
     sm90::regs_lower<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumers;
+    if constexpr (kTma) {  // one thread issues every copy; rows past k_pad arrive as zeros
+      if (ptid != 0) return;
+      sm90::tma_prefetch_map(&maps.q);
+      sm90::tma_prefetch_map(&maps.k);
+      sm90::tma_prefetch_map(&maps.vt);
+      sm90::mbar_arrive_expect_tx(full_q, Tr::kQBytes);
+      sm90::tma_load_3d(sQ, &maps.q, 0, q0, static_cast<int>(bh), full_q);
+      for (int kb = 0; kb < n_kblocks; ++kb) {
+        const int st = kb % STAGES;
+        if (kb >= STAGES) sm90::mbar_wait(empty(st), (kb / STAGES - 1) & 1);  // its last reader is done
+        sm90::mbar_arrive_expect_tx(full_k(st), Tr::kKBytes);
+        sm90::tma_load_3d(sK + st * Tr::kKBytes, &maps.k, 0, kb * BLOCK_N, static_cast<int>(bhkv), full_k(st));
+        sm90::mbar_arrive_expect_tx(full_v(st), Tr::kVBytes);
+        sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.vt, kb * BLOCK_N, 0, static_cast<int>(bhkv), full_v(st));
+      }
+      return;
+    }
     const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
     wg::QKCopy<HEAD_DIM, Tr::kCtaQ, 128>(p.q + (bh * p.q_pad + q0) * HEAD_DIM, ptid)(sQ, 0, Tr::kCtaQ);
     sm90::mbar_arrive_on_cp_async(full_q);
@@ -813,7 +848,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   int32_t s_i[BLOCK_N / 2];
   sm90::mbar_wait(full_q, 0);
   sm90::mbar_wait(full_k(0), 0);
-  fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
+  if constexpr (!kTma) fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
   wg::preset_scores<BLOCK_N>(s_i);
   wgmma_fence();
   wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK);
@@ -847,7 +882,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     const bool more = kb + 1 < n_kblocks;
     sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
     if (more) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
-    fence_proxy_async_smem();
+    if constexpr (!kTma) fence_proxy_async_smem();
     stamp(kb, 4);
     if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
     wg::preset_scores<BLOCK_N>(s_i);
@@ -1028,9 +1063,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
-  return launch_over_query_blocks<
-      attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
-      WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, PV == PvKind::kFp8 ? 1 : 2>>(p, stream);
+  constexpr auto kKernel = attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>;
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, PV == PvKind::kFp8 ? 1 : 2>;
+  if constexpr (SAGE_WG_TMA && PV == PvKind::kFp8) {
+    const uint64_t bhq = static_cast<uint64_t>(p.batch) * p.q_heads, bhkv = static_cast<uint64_t>(p.batch) * p.kv_heads;
+    WsTmaMaps maps;
+    if (!sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ) ||
+        !sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N) ||
+        !sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM))
+      return cudaErrorNotSupported;  // the driver refused a tensor map
+    return launch_over_query_blocks<kKernel, Tr>(p, stream, maps);
+  } else {
+    return launch_over_query_blocks<kKernel, Tr>(p, stream, NoTmaMaps{});
+  }
 }
 
 }  // namespace sage

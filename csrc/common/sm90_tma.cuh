@@ -1,0 +1,75 @@
+// The bulk tensor copy engine (TMA) for the warp-specialized sm_90a kernel (attn_wgmma.cuh,
+// SAGE_WG_TMA): host-side tensor maps of our own quantized layouts, and the device-side copy that
+// one producer thread issues per tile. A TMA copy writes the tile through the async proxy, already
+// in the 64B / 128B swizzle the wgmma descriptors read, fills rows past the tensor's end with
+// zeros, and completes by transaction count on an mbarrier: no per-thread cp.async, no
+// generic-to-async proxy fence before the wgmmas.
+#pragma once
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // CUtensorMap and the driver entry point's type; no libcuda link
+
+#include <cstdint>
+
+namespace sage::sm90 {
+
+// ---- device ----
+
+// Arrive on `bar` (count 1) and expect `bytes` more transaction bytes in its current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// The box of `map` at element coordinates (c0, c1, c2) into shared memory at `dst`; its bytes
+// complete on `bar`. `map` must live in kernel parameter space (__grid_constant__).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint32_t bar) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+#endif
+}
+
+// ---- host ----
+
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A 3-D map of bytes [outer][rows][row_bytes] (row_bytes contiguous, then rows, then outer) read
+// as boxes of box_rows x box_row_bytes, swizzled as the wgmma tiles are: 128B for 128-byte box
+// rows, 64B for 64-byte ones. False if the driver refuses it (or has no TMA).
+inline bool encode_byte_map(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows, uint64_t outer,
+                            uint32_t box_row_bytes, uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr || (box_row_bytes != 64 && box_row_bytes != 128)) return false;
+  const cuuint64_t dims[3] = {row_bytes, rows, outer};
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * rows};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {box_row_bytes, box_rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                box_row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace sage::sm90
