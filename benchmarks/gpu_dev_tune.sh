@@ -21,7 +21,8 @@
 # VARIANT_FAMILY (lines of [NAME=]FAMILY: the family the variants build, all or one by name:
 # sm80, default, sm89 for the FP8 wgmma variant, sm90 / sm90_fp8 for the shipped Hopper families
 # with their own tiles; VARIANT_TESTS runs tests/gpu/test_native_sm80_sm89.py -k VARIANT_TESTS_K,
-# default sm80).
+# default sm80), RATE (1: also build and run benchmarks/gpu_dev_wgmma_rate.cu, sm_90a, within
+# LIMIT_RATE seconds, default 120; its output is printed last).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -50,6 +51,12 @@ if [ -n "${VARIANT_TESTS:-}" ]; then
   echo "variant ${VARIANT_TESTS} tests: exit $? ($(tail -n 1 "$OUT/variant_tests.log"))"
 fi
 cp /tmp/native_build/build_*.log "$OUT/" 2>/dev/null
+if [ "${RATE:-0}" = 1 ]; then
+  "$CUDA_HOME/bin/nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I csrc -o /tmp/wgmma_rate \
+    benchmarks/gpu_dev_wgmma_rate.cu >"$OUT/wgmma_rate.log" 2>&1 &&
+    timeout "${LIMIT_RATE:-120}" /tmp/wgmma_rate >>"$OUT/wgmma_rate.log" 2>&1
+  echo "wgmma rate: exit $?"
+fi
 pcases=(); for c in $PROFILE_CASES; do pcases+=(--case "$c"); done
 [ -n "${PROFILE_VARIANT:-}" ] && export SAGE_DEV_PACKAGE_ROOT=/tmp/native_build/pkg_${PROFILE_VARIANT}
 timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \
@@ -69,3 +76,5 @@ fi
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
 tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
 tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70
+[ "${RATE:-0}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./wgmma_rate.log | tail -n 40
+exit 0
