@@ -120,10 +120,20 @@ __device__ __forceinline__ float score_to_f32(int32_t x) { return static_cast<fl
 struct CtaTile {
   int b, h, hkv, q0, n_kblocks;
   int64_t bh, bhkv;  // (batch, q head) and (batch, kv head) row indices
-  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k) {
-    b = blockIdx.z;
-    h = blockIdx.y;
-    const int qblk = p.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  // The tile of this CTA's place in the (query blocks, q heads, batch) grid.
+  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k)
+      : CtaTile(p, cta_q, block_k, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x) {}
+  // Tile `tile` of all n_qblocks * q_heads * batch in that order (a persistent CTA's tiles).
+  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k, int64_t tile, int n_qblocks)
+      : CtaTile(p, cta_q, block_k, static_cast<int>(tile % n_qblocks),
+                static_cast<int>(tile / n_qblocks % p.q_heads), static_cast<int>(tile / n_qblocks / p.q_heads),
+                n_qblocks) {}
+  // Causal: the last query blocks (the most keys) come first.
+  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k, int qblk_in_order, int head,
+                                     int batch, int n_qblocks) {
+    b = batch;
+    h = head;
+    const int qblk = p.causal ? n_qblocks - 1 - qblk_in_order : qblk_in_order;
     q0 = qblk * cta_q;
     hkv = h / (p.q_heads / p.kv_heads);
     bh = static_cast<int64_t>(b) * p.q_heads + h;
@@ -670,6 +680,38 @@ cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, c
   if (err != cudaSuccess) return err;
   const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
   KERNEL<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, more...);
+  return cudaGetLastError();
+}
+
+// Host side: the current device's SM count, asked once per device.
+inline cudaError_t sm_count_once(int* count) {
+  static int counts[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && counts[dev] > 0) {
+    *count = counts[dev];
+    return cudaSuccess;
+  }
+  err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev);
+  if (err == cudaSuccess && dev < 64) counts[dev] = *count;
+  return err;
+}
+
+// Host side: launch a persistent KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes, kMinBlocks): as
+// many CTAs as fit on the device at once, at most one per tile; each walks the (query blocks,
+// q heads, batch) tiles with stride gridDim.x (CtaTile's linear constructor).
+template <auto KERNEL, typename Tr, typename... More>
+cudaError_t launch_persistent(const AttnParams& p, cudaStream_t stream, const More&... more) {
+  cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  int sms = 0;
+  err = sm_count_once(&sms);
+  if (err != cudaSuccess) return err;
+  const int64_t tiles = static_cast<int64_t>((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ) * p.q_heads * p.batch;
+  const int64_t ctas = tiles < static_cast<int64_t>(sms) * Tr::kMinBlocks ? tiles : static_cast<int64_t>(sms) * Tr::kMinBlocks;
+  if (ctas == 0) return cudaSuccess;
+  KERNEL<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, more...);
   return cudaGetLastError();
 }
 

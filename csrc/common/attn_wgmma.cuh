@@ -73,6 +73,12 @@ namespace sage {
 // producer thread issuing a copy per tile, instead of cp.async by the producer's 128 threads.
 #define SAGE_WG_TMA 0
 #endif
+#ifndef SAGE_WG_PERSISTENT
+// WS kernel (plain loop): one CTA per SM walks the tiles (launch_persistent); the producer loads the
+// next tile's Q (a second Q buffer) and first K/V blocks while the consumers finish the current
+// tile, instead of every tile paying a CTA launch and a cold start.
+#define SAGE_WG_PERSISTENT 0
+#endif
 #ifndef SAGE_WG_WS_OVERLAP
 #define SAGE_WG_WS_OVERLAP 0  // WS kernel: the softmax of S_{kb+1} while P_kb V_kb runs
 #endif
@@ -706,8 +712,10 @@ struct WgmmaWsTraits {
   static constexpr int kQBytes = kCtaQ * HEAD_DIM;
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
   static constexpr int kVBytes = BLOCK_N * HEAD_DIM * V_BYTES;
-  static constexpr int kBarBytes = (3 * STAGES + 1) * 8;  // full K, full V, empty per stage; Q
-  static constexpr int kSmemBytes = kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
+  static constexpr int kQStages = SAGE_WG_PERSISTENT ? 2 : 1;  // Q buffers
+  // full K, full V, empty per K/V stage; full and empty per Q buffer
+  static constexpr int kBarBytes = (3 * STAGES + 2 * kQStages) * 8;
+  static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
   static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
   // setmaxnreg moves registers from the producer to the consumers: each thread enters with
@@ -750,22 +758,31 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
+  constexpr bool kPersistent = SAGE_WG_PERSISTENT;
+  static_assert(!kPersistent || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const uint32_t sK = sQ + Tr::kQBytes;
+  const uint32_t sQ0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const uint32_t sK = sQ0 + Tr::kQStages * Tr::kQBytes;
   const uint32_t sV = sK + STAGES * Tr::kKBytes;
   const uint32_t bars = sV + STAGES * Tr::kVBytes;
   auto full_k = [&](int st) { return bars + 8 * st; };
   auto full_v = [&](int st) { return bars + 8 * (STAGES + st); };
   auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
-  const uint32_t full_q = bars + 8 * (3 * STAGES);
+  auto full_q = [&](int qs) { return bars + 8 * (3 * STAGES + qs); };
+  auto q_empty = [&](int qs) { return bars + 8 * (3 * STAGES + Tr::kQStages + qs); };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = warp >> 2;
-  const CtaTile cta(p, Tr::kCtaQ, BLOCK_N);
-  const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
-  const int64_t bh = cta.bh, bhkv = cta.bhkv;
+  // The CTA's tiles: its place in the grid, or (persistent) every gridDim.x-th tile from
+  // blockIdx.x. Both roles walk them in the same order, and count the K blocks of the tiles before
+  // (g0): the ring's stage and phase of block kb are those of block g0 + kb.
+  const int n_qblocks = (p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ;
+  const int64_t n_tiles = kPersistent ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
+  const int64_t first_tile = kPersistent ? blockIdx.x : 0, tile_step = kPersistent ? gridDim.x : 1;
+  auto tile_at = [&](int64_t tile) {
+    return kPersistent ? CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks) : CtaTile(p, Tr::kCtaQ, BLOCK_N);
+  };
 
   if (tid == 0) {
     for (int st = 0; st < STAGES; ++st) {
@@ -774,7 +791,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::mbar_init(full_v(st), kTma ? 1 : 128);
       sm90::mbar_init(empty(st), Tr::kConsumers);
     }
-    sm90::mbar_init(full_q, kTma ? 1 : 128);
+    for (int qs = 0; qs < Tr::kQStages; ++qs) {
+      sm90::mbar_init(full_q(qs), kTma ? 1 : 128);
+      sm90::mbar_init(q_empty(qs), Tr::kConsumers);
+    }
     if constexpr (kTma) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the async proxy
   }
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
@@ -787,274 +807,299 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::tma_prefetch_map(&maps.q);
       sm90::tma_prefetch_map(&maps.k);
       sm90::tma_prefetch_map(&maps.vt);
-      sm90::mbar_arrive_expect_tx(full_q, Tr::kQBytes);
-      sm90::tma_load_3d(sQ, &maps.q, 0, q0, static_cast<int>(bh), full_q);
-      for (int kb = 0; kb < n_kblocks; ++kb) {
-        const int st = kb % STAGES;
-        if (kb >= STAGES) sm90::mbar_wait(empty(st), (kb / STAGES - 1) & 1);  // its last reader is done
-        sm90::mbar_arrive_expect_tx(full_k(st), Tr::kKBytes);
-        sm90::tma_load_3d(sK + st * Tr::kKBytes, &maps.k, 0, kb * BLOCK_N, static_cast<int>(bhkv), full_k(st));
-        sm90::mbar_arrive_expect_tx(full_v(st), Tr::kVBytes);
-        sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.vt, kb * BLOCK_N, 0, static_cast<int>(bhkv), full_v(st));
+    }
+    int g0 = 0, it = 0;
+    for (int64_t tile = first_tile; tile < n_tiles; tile += tile_step, ++it) {
+      const CtaTile cta = tile_at(tile);
+      const int qs = it % Tr::kQStages, n_kblocks = cta.n_kblocks;
+      const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
+      if (it >= Tr::kQStages) sm90::mbar_wait(q_empty(qs), (it / Tr::kQStages - 1) & 1);  // its last QK is done
+      // K/V block kb goes to stage (g0 + kb) % STAGES once that stage's last reader is done
+      auto wait_stage = [&](int kb) {
+        const int gb = g0 + kb;
+        if (gb >= STAGES) sm90::mbar_wait(empty(gb % STAGES), (gb / STAGES - 1) & 1);
+        return gb % STAGES;
+      };
+      if constexpr (kTma) {
+        sm90::mbar_arrive_expect_tx(full_q(qs), Tr::kQBytes);
+        sm90::tma_load_3d(sQ, &maps.q, 0, cta.q0, static_cast<int>(cta.bh), full_q(qs));
+        for (int kb = 0; kb < n_kblocks; ++kb) {
+          const int st = wait_stage(kb);
+          sm90::mbar_arrive_expect_tx(full_k(st), Tr::kKBytes);
+          sm90::tma_load_3d(sK + st * Tr::kKBytes, &maps.k, 0, kb * BLOCK_N, static_cast<int>(cta.bhkv), full_k(st));
+          sm90::mbar_arrive_expect_tx(full_v(st), Tr::kVBytes);
+          sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.vt, kb * BLOCK_N, 0, static_cast<int>(cta.bhkv), full_v(st));
+        }
+      } else {
+        const int8_t* gK = p.k + cta.bhkv * p.k_pad * HEAD_DIM;
+        wg::QKCopy<HEAD_DIM, Tr::kCtaQ, 128>(p.q + (cta.bh * p.q_pad + cta.q0) * HEAD_DIM, ptid)(sQ, 0, Tr::kCtaQ);
+        sm90::mbar_arrive_on_cp_async(full_q(qs));
+        const wg::QKCopy<HEAD_DIM, BLOCK_N, 128> copy_k(gK, ptid);
+        auto copy_v = [&] {
+          if constexpr (kFp8)
+            return wg::VtCopy<HEAD_DIM, BLOCK_N, 128>(
+                static_cast<const uint8_t*>(p.v) + cta.bhkv * HEAD_DIM * p.k_pad, p.k_pad, ptid);
+          else
+            return wg::VCopy<HEAD_DIM, BLOCK_N, 128>(
+                reinterpret_cast<const __half*>(p.v) + cta.b * p.v_sb + cta.hkv * p.v_sh, p.v_sn, ptid);
+        }();
+        const int v_len = kFp8 ? p.k_pad : p.kv_len;  // FP8 V^T is zero-padded to k_pad tokens
+        for (int kb = 0; kb < n_kblocks; ++kb) {
+          const int st = wait_stage(kb);
+          copy_k(sK + st * Tr::kKBytes, kb * BLOCK_N, p.k_pad - kb * BLOCK_N);
+          sm90::mbar_arrive_on_cp_async(full_k(st));
+          copy_v(sV + st * Tr::kVBytes, kb * BLOCK_N, v_len - kb * BLOCK_N);
+          sm90::mbar_arrive_on_cp_async(full_v(st));
+        }
       }
-      return;
+      g0 += n_kblocks;
     }
-    const int8_t* gK = p.k + bhkv * p.k_pad * HEAD_DIM;
-    wg::QKCopy<HEAD_DIM, Tr::kCtaQ, 128>(p.q + (bh * p.q_pad + q0) * HEAD_DIM, ptid)(sQ, 0, Tr::kCtaQ);
-    sm90::mbar_arrive_on_cp_async(full_q);
-    const wg::QKCopy<HEAD_DIM, BLOCK_N, 128> copy_k(gK, ptid);
-    auto copy_v = [&] {
-      if constexpr (kFp8)
-        return wg::VtCopy<HEAD_DIM, BLOCK_N, 128>(
-            static_cast<const uint8_t*>(p.v) + bhkv * HEAD_DIM * p.k_pad, p.k_pad, ptid);
-      else
-        return wg::VCopy<HEAD_DIM, BLOCK_N, 128>(
-            reinterpret_cast<const __half*>(p.v) + b * p.v_sb + cta.hkv * p.v_sh, p.v_sn, ptid);
-    }();
-    const int v_len = kFp8 ? p.k_pad : p.kv_len;  // FP8 V^T is zero-padded to k_pad tokens
-    for (int kb = 0; kb < n_kblocks; ++kb) {
-      const int st = kb % STAGES;
-      if (kb >= STAGES) sm90::mbar_wait(empty(st), (kb / STAGES - 1) & 1);  // its last reader is done
-      copy_k(sK + st * Tr::kKBytes, kb * BLOCK_N, p.k_pad - kb * BLOCK_N);
-      sm90::mbar_arrive_on_cp_async(full_k(st));
-      copy_v(sV + st * Tr::kVBytes, kb * BLOCK_N, v_len - kb * BLOCK_N);
-      sm90::mbar_arrive_on_cp_async(full_v(st));
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if constexpr (!kTma) asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
 
   // ---- consumers: warpgroup wgi owns query rows wgi*64 .. wgi*64+63 of the CTA ----
   sm90::regs_raise<Tr::kConsumerRegs>();
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
-  const int row0 = q0 + wgi * 64 + wq * 16;  // the warp's first query row
-  const wg::ThreadScales sc(p, bh, bhkv, row0, g, t);
+  int g0 = 0, it = 0;  // as the producer's
+  for (int64_t tile = first_tile; tile < n_tiles; tile += tile_step, ++it) {
+    const CtaTile cta = tile_at(tile);
+    const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
+    const int64_t bh = cta.bh, bhkv = cta.bhkv;
+    const int qs = it % Tr::kQStages;
+    const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
+    const int row0 = q0 + wgi * 64 + wq * 16;  // the warp's first query row
+    const wg::ThreadScales sc(p, bh, bhkv, row0, g, t);
 
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  float o[HEAD_DIM / 2];
-  #pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-  [[maybe_unused]] float ob[TWO_LEVEL ? HEAD_DIM / 2 : 1];  // TWO_LEVEL: this block's P.V
-  const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    float o[HEAD_DIM / 2];
+    #pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+    [[maybe_unused]] float ob[TWO_LEVEL ? HEAD_DIM / 2 : 1];  // TWO_LEVEL: this block's P.V
+    const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
 
-  // Ping-pong: warpgroup w issues its products after the other one has issued its own
-  // (PINGPONG 1) or seen its own done (2) (named barrier 1 + w: its 128 threads wait, the other's
-  // 128 arrive); warpgroup 1 lets 0 go first.
-  constexpr int kTurnThreads = 256;
-  if constexpr (PINGPONG) {
-    if (wgi == 1) sm90::named_arrive(1, kTurnThreads);
-  }
+    // Ping-pong: warpgroup w issues its products after the other one has issued its own
+    // (PINGPONG 1) or seen its own done (2) (named barrier 1 + w: its 128 threads wait, the other's
+    // 128 arrive); warpgroup 1 lets 0 go first.
+    constexpr int kTurnThreads = 256;
+    if constexpr (PINGPONG) {
+      if (wgi == 1) sm90::named_arrive(1, kTurnThreads);
+    }
 
-  int32_t s_i[BLOCK_N / 2];
-  sm90::mbar_wait(full_q, 0);
-  sm90::mbar_wait(full_k(0), 0);
-  if constexpr (!kTma) fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
-  wg::preset_scores<BLOCK_N>(s_i);
-  wgmma_fence();
-  wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK);
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_pin(s_i);
-
-  // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
-  // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
-  wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
-  // SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
-  // loop stamps softmax start (0), softmax done (1), products issued (2), products done (3); the
-  // overlapped loop its top (0), products issued (1), the next softmax done (2), P.V done (3).
-  // Both stamp K_{kb+1} and V_kb landed (4), before the products' wgmmas.
-#if SAGE_WG_TRACE >= 0
-  constexpr int kTraceFirst = 8, kTraceBlocks = 16;
-  uint32_t trace[kTraceBlocks][5];
-  const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
-                      (tid & 127) == 0;
-  auto stamp = [&](int kb, int phase) {
-    if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
-  };
-#else
-  auto stamp = [](int, int) {};
-#endif
-  // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
-  // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
-  // refills it any more): no branch around the wgmma groups.
-  auto issue_products = [&](int kb, const auto& pa) {
-    const int st = kb % STAGES, nst = (kb + 1) % STAGES;
-    const bool more = kb + 1 < n_kblocks;
-    sm90::mbar_wait(full_v(st), (kb / STAGES) & 1);
-    if (more) sm90::mbar_wait(full_k(nst), ((kb + 1) / STAGES) & 1);
-    if constexpr (!kTma) fence_proxy_async_smem();
-    stamp(kb, 4);
-    if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
+    int32_t s_i[BLOCK_N / 2];
+    sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
+    sm90::mbar_wait(full_k(g0 % STAGES), (g0 / STAGES) & 1);
+    if constexpr (!kTma) fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
     wg::preset_scores<BLOCK_N>(s_i);
     wgmma_fence();
-    if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
-      if constexpr (TWO_LEVEL)
-        wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, ob, pa,
-                                                           sV + st * Tr::kVBytes, true);
-      else
-        wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, o, pa,
-                                                           sV + st * Tr::kVBytes, false);
-      wgmma_commit();
-    } else {
-      wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
-      wgmma_commit();
-      if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
-      else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
-      else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
-      wgmma_commit();
-    }
-    if constexpr (PINGPONG == 1) {
-      if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
-    }
-  };
-  // PINGPONG 2: the other warpgroup's turn once this one's products are done
-  auto pass_turn_when_done = [&](int kb) {
-    if constexpr (PINGPONG == 2) {
-      if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
-    }
-  };
-  // O *= alpha once P_{kb-1} V_{kb-1} is complete; a warp whose row maxima all stayed skips it.
-  auto rescale_o = [&](const float (&alpha)[2]) {
-    if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
-      wg::rescale<HEAD_DIM>(o, alpha);
-  };
-  if constexpr (SAGE_WG_WS_OVERLAP && !TWO_LEVEL) {  // two-level keeps the plain loop
-  // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
-  // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
-  // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
-  // first pipelined kernel failed exactly so, docs/kernels.md).
-  constexpr int kPChunks = kFp8 ? BLOCK_N / 32 : BLOCK_N / 16;  // P's A fragments (4 registers each)
-  auto softmax_into = [&](float (&alpha)[2], uint32_t (&pn)[kPChunks][4]) {
-    if constexpr (kFp8) {
-      float sf[BLOCK_N / 2];
-      wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
-      wg::pack_p8_frags<BLOCK_N>(sf, pn);
-    } else {
-      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
-    }
-  };
-  const bool never = p.q_len < 0;
-  const uint32_t scratch = sQ;
-  uint32_t pa[kPChunks][4];
-  {
-    float alpha[2];
-    softmax_into(alpha, pa);  // O is still 0
-  }
-  for (int kb = 0; kb < n_kblocks; ++kb) {
-    const bool more = kb + 1 < n_kblocks;
-    stamp(kb, 0);
-    issue_products(kb, pa);
-    stamp(kb, 1);
-    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
-    wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
-    wgmma_pin(s_i);
-    float alpha[2] = {1.f, 1.f};
-    uint32_t pn[kPChunks][4];
-    if (more) softmax_into(alpha, pn);
-    stamp(kb, 2);
+    wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + (g0 % STAGES) * Tr::kKBytes);
+    wgmma_commit();
     wgmma_wait<0>();
-    wgmma_pin(o);
-    stamp(kb, 3);
-    pass_turn_when_done(kb);
-    if (never) {
+    wgmma_pin(s_i);
+
+    // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
+    // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
+    wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
+    // SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
+    // loop stamps softmax start (0), softmax done (1), products issued (2), products done (3); the
+    // overlapped loop its top (0), products issued (1), the next softmax done (2), P.V done (3).
+    // Both stamp K_{kb+1} and V_kb landed (4), before the products' wgmmas.
+#if SAGE_WG_TRACE >= 0
+    constexpr int kTraceFirst = 8, kTraceBlocks = 16;
+    uint32_t trace[kTraceBlocks][5];
+    const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
+                        (tid & 127) == 0 && it == 0;  // persistent: the CTA's first tile
+    auto stamp = [&](int kb, int phase) {
+      if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
+    };
+#else
+    auto stamp = [](int, int) {};
+#endif
+    // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
+    // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
+    // refills it, or, persistent, the next tile's K may be landing there: the S is dropped either
+    // way): no branch around the wgmma groups.
+    auto issue_products = [&](int kb, const auto& pa) {
+      const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
+      const bool more = kb + 1 < n_kblocks;
+      sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+      if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
+      if constexpr (!kTma) fence_proxy_async_smem();
+      stamp(kb, 4);
+      if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
+      wg::preset_scores<BLOCK_N>(s_i);
+      wgmma_fence();
+      if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
+        if constexpr (TWO_LEVEL)
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, ob, pa,
+                                                             sV + st * Tr::kVBytes, true);
+        else
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, o, pa,
+                                                             sV + st * Tr::kVBytes, false);
+        wgmma_commit();
+      } else {
+        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
+        wgmma_commit();
+        if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+        else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
+        else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+        wgmma_commit();
+      }
+      if constexpr (PINGPONG == 1) {
+        if (wgi == 0 || more) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
+      }
+    };
+    // PINGPONG 2: the other warpgroup's turn once this one's products are done
+    auto pass_turn_when_done = [&](int kb) {
+      if constexpr (PINGPONG == 2) {
+        if (wgi == 0 || kb + 1 < n_kblocks) sm90::named_arrive(1 + (wgi ^ 1), kTurnThreads);
+      }
+    };
+    // O *= alpha once P_{kb-1} V_{kb-1} is complete; a warp whose row maxima all stayed skips it.
+    auto rescale_o = [&](const float (&alpha)[2]) {
+      if (!SAGE_WG_RESCALE_SKIP || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+        wg::rescale<HEAD_DIM>(o, alpha);
+    };
+    if constexpr (SAGE_WG_WS_OVERLAP && !TWO_LEVEL) {  // two-level keeps the plain loop
+    // The softmax of S_{kb+1} runs while P_kb V_kb is still on the tensor cores. P_kb is that
+    // wgmma's register A operand: a store of it after the wait that retires the wgmma, predicated
+    // off at run time, keeps ptxas from giving its registers to the softmax's temporaries (the
+    // first pipelined kernel failed exactly so, docs/kernels.md).
+    constexpr int kPChunks = kFp8 ? BLOCK_N / 32 : BLOCK_N / 16;  // P's A fragments (4 registers each)
+    auto softmax_into = [&](float (&alpha)[2], uint32_t (&pn)[kPChunks][4]) {
+      if constexpr (kFp8) {
+        float sf[BLOCK_N / 2];
+        wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+        wg::pack_p8_frags<BLOCK_N>(sf, pn);
+      } else {
+        wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pn);
+      }
+    };
+    const bool never = p.q_len < 0;
+    const uint32_t scratch = sQ;
+    uint32_t pa[kPChunks][4];
+    {
+      float alpha[2];
+      softmax_into(alpha, pa);  // O is still 0
+    }
+    for (int kb = 0; kb < n_kblocks; ++kb) {
+      const bool more = kb + 1 < n_kblocks;
+      stamp(kb, 0);
+      issue_products(kb, pa);
+      stamp(kb, 1);
+      blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
+      wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
+      wgmma_pin(s_i);
+      float alpha[2] = {1.f, 1.f};
+      uint32_t pn[kPChunks][4];
+      if (more) softmax_into(alpha, pn);
+      stamp(kb, 2);
+      wgmma_wait<0>();
+      wgmma_pin(o);
+      stamp(kb, 3);
+      pass_turn_when_done(kb);
+      if (never) {
+        #pragma unroll
+        for (int kc = 0; kc < kPChunks; ++kc)
+          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
+                       "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
+                       : "memory");
+      }
+      sm90::mbar_arrive(empty((g0 + kb) % STAGES));
+      rescale_o(alpha);
       #pragma unroll
       for (int kc = 0; kc < kPChunks; ++kc)
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
-                     "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
-                     : "memory");
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
     }
-    sm90::mbar_arrive(empty(kb % STAGES));
-    rescale_o(alpha);
-    #pragma unroll
-    for (int kc = 0; kc < kPChunks; ++kc)
+    } else {
+    [[maybe_unused]] float alpha_prev[2] = {1.f, 1.f};  // FUSED_UPDATE, two-level: the last block's alpha
+    if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) {
       #pragma unroll
-      for (int e = 0; e < 4; ++e) pa[kc][e] = pn[kc][e];
-  }
-  } else {
-  [[maybe_unused]] float alpha_prev[2] = {1.f, 1.f};  // FUSED_UPDATE, two-level: the last block's alpha
-  if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) {
-    #pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) ob[i] = 0.f;  // the first update adds nothing
-  }
-  // O = alpha O + P_kb V_kb, in fp32 (two-level accumulation)
-  auto add_block = [&](const float (&alpha)[2]) {
-    if constexpr (TWO_LEVEL) {
-      #pragma unroll
-      for (int j = 0; j < HEAD_DIM / 8; ++j) {
-        o[4 * j + 0] = fmaf(o[4 * j + 0], alpha[0], ob[4 * j + 0]);
-        o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], ob[4 * j + 1]);
-        o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], ob[4 * j + 2]);
-        o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
+      for (int i = 0; i < HEAD_DIM / 2; ++i) ob[i] = 0.f;  // the first update adds nothing
+    }
+    // O = alpha O + P_kb V_kb, in fp32 (two-level accumulation)
+    auto add_block = [&](const float (&alpha)[2]) {
+      if constexpr (TWO_LEVEL) {
+        #pragma unroll
+        for (int j = 0; j < HEAD_DIM / 8; ++j) {
+          o[4 * j + 0] = fmaf(o[4 * j + 0], alpha[0], ob[4 * j + 0]);
+          o[4 * j + 1] = fmaf(o[4 * j + 1], alpha[0], ob[4 * j + 1]);
+          o[4 * j + 2] = fmaf(o[4 * j + 2], alpha[1], ob[4 * j + 2]);
+          o[4 * j + 3] = fmaf(o[4 * j + 3], alpha[1], ob[4 * j + 3]);
+        }
+      }
+    };
+    for (int kb = 0; kb < n_kblocks; ++kb) {
+      stamp(kb, 0);  // softmax starts
+#if !SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
+#endif
+      float alpha[2];
+      if constexpr (SAGE_WG_FUSED_UPDATE) {
+        // one basic block per mask arm: softmax, packing and the O update of the previous block
+        uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
+        wg::with_mask_choice(blk, [&](auto mask) {
+          constexpr bool kMask = decltype(mask)::value;
+          float sf[BLOCK_N / 2];
+          if constexpr (kFp8) {
+            wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+            wg::pack_p8_frags<BLOCK_N>(sf, pa);
+          } else {
+            wg::softmax_probs_of<BLOCK_N, kMask, false>(s_i, blk, m_run, l_run, alpha, sf);
+            wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
+          }
+          if constexpr (TWO_LEVEL) add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
+          else wg::rescale<HEAD_DIM>(o, alpha);
+        });
+        if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
+        stamp(kb, 1);
+        issue_products(kb, pa);
+      } else if constexpr (kFp8) {
+        float sf[BLOCK_N / 2];
+        wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
+        uint32_t pa[BLOCK_N / 32][4];
+        wg::pack_p8_frags<BLOCK_N>(sf, pa);
+        if constexpr (!TWO_LEVEL) rescale_o(alpha);
+        stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
+        issue_products(kb, pa);
+      } else {
+        uint32_t pa[BLOCK_N / 16][4];
+        wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
+        rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
+        stamp(kb, 1);
+        issue_products(kb, pa);
+      }
+      stamp(kb, 2);  // products issued
+#if SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
+#endif
+      wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
+      wgmma_pin(s_i);
+      wgmma_pin(o);
+      stamp(kb, 3);  // products done
+      pass_turn_when_done(kb);
+      sm90::mbar_arrive(empty((g0 + kb) % STAGES));
+      if constexpr (TWO_LEVEL) {
+        wgmma_pin(ob);
+        if constexpr (!SAGE_WG_FUSED_UPDATE) add_block(alpha);
       }
     }
-  };
-  for (int kb = 0; kb < n_kblocks; ++kb) {
-    stamp(kb, 0);  // softmax starts
-#if !SAGE_WG_KS_PREFETCH
-    blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
-#endif
-    float alpha[2];
-    if constexpr (SAGE_WG_FUSED_UPDATE) {
-      // one basic block per mask arm: softmax, packing and the O update of the previous block
-      uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
-      wg::with_mask_choice(blk, [&](auto mask) {
-        constexpr bool kMask = decltype(mask)::value;
-        float sf[BLOCK_N / 2];
-        if constexpr (kFp8) {
-          wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
-          wg::pack_p8_frags<BLOCK_N>(sf, pa);
-        } else {
-          wg::softmax_probs_of<BLOCK_N, kMask, false>(s_i, blk, m_run, l_run, alpha, sf);
-          wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
-        }
-        if constexpr (TWO_LEVEL) add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
-        else wg::rescale<HEAD_DIM>(o, alpha);
-      });
-      if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
-      stamp(kb, 1);
-      issue_products(kb, pa);
-    } else if constexpr (kFp8) {
-      float sf[BLOCK_N / 2];
-      wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
-      uint32_t pa[BLOCK_N / 32][4];
-      wg::pack_p8_frags<BLOCK_N>(sf, pa);
-      if constexpr (!TWO_LEVEL) rescale_o(alpha);
-      stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
-      issue_products(kb, pa);
-    } else {
-      uint32_t pa[BLOCK_N / 16][4];
-      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
-      rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
-      stamp(kb, 1);
-      issue_products(kb, pa);
+    if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) add_block(alpha_prev);  // the last block's P.V
     }
-    stamp(kb, 2);  // products issued
-#if SAGE_WG_KS_PREFETCH
-    blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
-#endif
-    wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
-    wgmma_pin(s_i);
-    wgmma_pin(o);
-    stamp(kb, 3);  // products done
-    pass_turn_when_done(kb);
-    sm90::mbar_arrive(empty(kb % STAGES));
-    if constexpr (TWO_LEVEL) {
-      wgmma_pin(ob);
-      if constexpr (!SAGE_WG_FUSED_UPDATE) add_block(alpha);
-    }
-  }
-  if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) add_block(alpha_prev);  // the last block's P.V
-  }
 #if SAGE_WG_TRACE >= 0
-  if (tracer) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    for (int i = 0; i < kTraceBlocks && kTraceFirst + i < n_kblocks; ++i)
-      printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
-             trace[i][2], trace[i][3], trace[i][4]);
-  }
+    if (tracer) {
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      for (int i = 0; i < kTraceBlocks && kTraceFirst + i < n_kblocks; ++i)
+        printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
+               trace[i][2], trace[i][3], trace[i][4]);
+    }
 #endif
-  wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
+    if constexpr (kPersistent) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
+    wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
+    g0 += n_kblocks;
+  }
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
 #endif
@@ -1072,9 +1117,11 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
         !sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N) ||
         !sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM))
       return cudaErrorNotSupported;  // the driver refused a tensor map
-    return launch_over_query_blocks<kKernel, Tr>(p, stream, maps);
+    if constexpr (SAGE_WG_PERSISTENT) return launch_persistent<kKernel, Tr>(p, stream, maps);
+    else return launch_over_query_blocks<kKernel, Tr>(p, stream, maps);
   } else {
-    return launch_over_query_blocks<kKernel, Tr>(p, stream, NoTmaMaps{});
+    if constexpr (SAGE_WG_PERSISTENT) return launch_persistent<kKernel, Tr>(p, stream, NoTmaMaps{});
+    else return launch_over_query_blocks<kKernel, Tr>(p, stream, NoTmaMaps{});
   }
 }
 
