@@ -78,28 +78,46 @@ def aten_stats(case: str, dtype: str) -> None:
           f"aminmax {aminmax_us:.1f} us ({gbytes / aminmax_us * 1e3:.2f} TB/s)")
 
 
+def _clock_dt(a: int, b: int) -> int:  # 32-bit SM clock differences
+    return (b - a) % (1 << 32)
+
+
 def trace_table(text: str) -> str:
     """The TRACE lines of a -DSAGE_WG_TRACE build as cycles per phase and K block for each
     consumer warpgroup, with the warpgroups' offset (start of warpgroup 1 minus start of 0). A line
     holds the SM clock at stamps 0-4 (csrc/common/attn_wgmma.cuh): in the plain loop softmax
     start, softmax done, products issued, products done, K/V landed (between done and issued);
     shown as softmax (0->1), K/V wait (1->4), issue (4->2), products (2->3) and period (0->next 0).
-    The overlapped loop's stamps mean other things (see the kernel). Only the last call's lines
-    count (each call prints them)."""
+    The overlapped loop's stamps mean other things (see the kernel). Then the TRACE_TILE lines:
+    per tile (the traced CTA's first two) the cycles from kernel entry to the tile's start, waiting
+    for its Q and first K, its first QK, the K loop (and per block), storing the output. Only the
+    last call's lines count (each call prints them)."""
     stamps: dict[tuple[int, int], tuple[int, ...]] = {}
+    tiles: dict[tuple[int, int], tuple[int, ...]] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 12 and parts[0] == "TRACE":  # TRACE sm S wg W kb K t0 t1 t2 t3 t4
             stamps[(int(parts[4]), int(parts[6]))] = tuple(int(x) for x in parts[7:12])
-    if not stamps:
+        elif len(parts) == 16 and parts[0] == "TRACE_TILE":  # ... wg W it I nkb N entry E t0 .. t4
+            tiles[(int(parts[6]), int(parts[4]))] = tuple(int(x) for x in [parts[8]] + parts[10:16])
+    if not stamps and not tiles:
         return "no TRACE lines (build with -DSAGE_WG_TRACE=<CTA index>)\n"
+    rows = _block_rows(stamps) if stamps else ["no TRACE lines for K blocks 8..23 (fewer K blocks?)"]
+    if tiles:
+        rows.append("tile wg  blocks   from_entry  q_k_wait  first_qk      loop  per_block     store     total")
+        for (it, wg), (nkb, entry, t0, t1, t2, t3, t4) in sorted(tiles.items()):
+            loop = _clock_dt(t2, t3)
+            rows.append(f"{it:<4d} {wg:<3d} {nkb:>6d} {_clock_dt(entry, t0):>12d} {_clock_dt(t0, t1):>9d} "
+                        f"{_clock_dt(t1, t2):>9d} {loop:>9d} {loop // max(nkb, 1):>10d} {_clock_dt(t3, t4):>9d} "
+                        f"{_clock_dt(t0, t4):>9d}")
+    return "\n".join(rows) + "\n"
+
+
+def _block_rows(stamps: dict[tuple[int, int], tuple[int, ...]]) -> list[str]:
     kbs = sorted({kb for _, kb in stamps})
     wgs = sorted({wg for wg, _ in stamps})
     names = ("softmax", "kv_wait", "issue", "products", "period")
-
-    def dt(a: int, b: int) -> int:  # 32-bit clock differences
-        return (b - a) % (1 << 32)
-
+    dt = _clock_dt
     rows = ["kb  " + "  ".join(" ".join(f"wg{w}:{n:>8}" for n in names) for w in wgs) + "   offset"]
     cols: dict[str, list[int]] = collections.defaultdict(list)
     for kb in kbs:
@@ -121,7 +139,7 @@ def trace_table(text: str) -> str:
             off = f"{o:9d}"
         rows.append(f"{kb:<3d} " + "  ".join(cells) + off)
     rows.append("median: " + ", ".join(f"{k} {sorted(v)[len(v) // 2]}" for k, v in cols.items()))
-    return "\n".join(rows) + "\n"
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,9 @@ namespace sage {
 #ifndef SAGE_WG_TRACE
 // Tuning build only: >= 0 makes CTA number SAGE_WG_TRACE (linear block index) of the WS kernel
 // printf the SM clock at each phase of K blocks 8..23 for the first thread of each consumer
-// warpgroup (benchmarks/gpu_dev_profile.py trace reads it). -1: off.
+// warpgroup, and at the phases of its first two tiles (persistent: the CTA's first two; else its
+// only one): K/V and Q landed, first QK done, K loop done, output stored
+// (benchmarks/gpu_dev_profile.py trace reads both). -1: off.
 #define SAGE_WG_TRACE -1
 #endif
 #ifndef SAGE_WG_EXP2_FMA
@@ -774,6 +776,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = warp >> 2;
+#if SAGE_WG_TRACE >= 0
+  const uint32_t trace_entry = clock();
+#endif
   // The CTA's tiles: its place in the grid, or (persistent) every gridDim.x-th tile from
   // blockIdx.x. Both roles walk them in the same order, and count the K blocks of the tiles before
   // (g0): the ring's stage and phase of block kb are those of block g0 + kb.
@@ -862,7 +867,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   sm90::regs_raise<Tr::kConsumerRegs>();
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
   int g0 = 0, it = 0;  // as the producer's
+#if SAGE_WG_TRACE >= 0
+  uint32_t tile_trace[2][5] = {};
+  int tile_blocks[2] = {0, 0};
+  const bool tile_tracer =
+      blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE && (tid & 127) == 0;
+  auto tile_stamp = [&](int phase) {
+    if (tile_tracer && it < 2) tile_trace[it][phase] = clock();
+  };
+#else
+  auto tile_stamp = [](int) {};
+#endif
   for (int64_t tile = first_tile; tile < n_tiles; tile += tile_step, ++it) {
+    tile_stamp(0);
     const CtaTile cta = tile_at(tile);
     const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
     const int64_t bh = cta.bh, bhkv = cta.bhkv;
@@ -889,6 +906,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     int32_t s_i[BLOCK_N / 2];
     sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
     sm90::mbar_wait(full_k(g0 % STAGES), (g0 / STAGES) & 1);
+    tile_stamp(1);
     if constexpr (!kTma) fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
     wg::preset_scores<BLOCK_N>(s_i);
     wgmma_fence();
@@ -896,6 +914,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(s_i);
+    tile_stamp(2);
 
     // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
     // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
@@ -1087,7 +1106,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     }
     if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) add_block(alpha_prev);  // the last block's P.V
     }
+    tile_stamp(3);
 #if SAGE_WG_TRACE >= 0
+    if (tile_tracer && it < 2) tile_blocks[it] = n_kblocks;
     if (tracer) {
       unsigned smid;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -1098,8 +1119,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #endif
     if constexpr (kPersistent) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
     wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
+    tile_stamp(4);
     g0 += n_kblocks;
   }
+#if SAGE_WG_TRACE >= 0
+  if (tile_tracer) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    for (int i = 0; i < 2 && i < it; ++i)
+      printf("TRACE_TILE sm %u wg %d it %d nkb %d entry %u %u %u %u %u %u\n", smid, wgi, i, tile_blocks[i], trace_entry,
+             tile_trace[i][0], tile_trace[i][1], tile_trace[i][2], tile_trace[i][3], tile_trace[i][4]);
+  }
+#endif
 #else
   __trap();  // built without sm_90a: the launcher never selects this kernel
 #endif

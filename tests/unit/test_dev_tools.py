@@ -91,6 +91,21 @@ def test_trace_table_turns_clock_stamps_into_phase_cycles():
     assert "no TRACE lines" in profile.trace_table("nothing here")
 
 
+def test_trace_table_shows_each_traced_tile_phases():
+    profile = _load("gpu_dev_profile")
+    text = "\n".join([
+        # entry, then tile start, Q and first K landed, first QK done, K loop done, output stored
+        "TRACE_TILE sm 5 wg 0 it 0 nkb 8 entry 1000 1400 3400 3700 23700 26700",
+        "TRACE_TILE sm 5 wg 0 it 1 nkb 4 entry 1000 26710 26810 27110 37110 40110",
+    ])
+    table = profile.trace_table(text)
+    assert "fewer K blocks" in table  # no per-block lines: fewer than 9 K blocks
+    first = next(line for line in table.splitlines() if line.startswith("0 "))
+    assert first.split() == ["0", "0", "8", "400", "2000", "300", "20000", "2500", "3000", "25300"]
+    second = next(line for line in table.splitlines() if line.startswith("1 "))
+    assert second.split()[3:8] == ["25710", "100", "300", "10000", "2500"]
+
+
 def test_variant_families_default_and_per_name():
     native = _load("gpu_dev_native")
     names = {"a": None, "b": None, "c": None}
