@@ -74,9 +74,11 @@ namespace sage {
 #define SAGE_WG_TMA 0
 #endif
 #ifndef SAGE_WG_PERSISTENT
-// WS kernel (plain loop): one CTA per SM walks the tiles (launch_persistent); the producer loads the
-// next tile's Q (a second Q buffer) and first K/V blocks while the consumers finish the current
-// tile, instead of every tile paying a CTA launch and a cold start.
+// WS kernel (plain loop), non-causal calls: one CTA per SM walks the tiles (launch_persistent); the
+// producer loads the next tile's Q (a second Q buffer) and first K/V blocks while the consumers
+// finish the current tile, instead of every tile paying a CTA launch and a cold start. Causal
+// calls keep a CTA per tile: their tiles' work differs, and the hardware's dynamic placement
+// balances it where a fixed stride over the tiles would not (at n=1024, 2x between CTAs).
 #define SAGE_WG_PERSISTENT 0
 #endif
 #ifndef SAGE_WG_WS_OVERLAP
@@ -706,7 +708,7 @@ cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
 // together finish together and fall into lockstep, gpu_dev_profile.py trace).
 // The producer gives most of its registers to the consumers (setmaxnreg).
 // V_BYTES: bytes per V element (2: fp16/bf16 V, MN-major; 1: FP8 V^T, K-major).
-template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int V_BYTES = 2>
+template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int V_BYTES = 2, bool PERSISTENT = false>
 struct WgmmaWsTraits {
   static constexpr int kConsumers = NWG * 128;
   static constexpr int kThreads = kConsumers + 128;
@@ -714,7 +716,7 @@ struct WgmmaWsTraits {
   static constexpr int kQBytes = kCtaQ * HEAD_DIM;
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
   static constexpr int kVBytes = BLOCK_N * HEAD_DIM * V_BYTES;
-  static constexpr int kQStages = SAGE_WG_PERSISTENT ? 2 : 1;  // Q buffers
+  static constexpr int kQStages = PERSISTENT ? 2 : 1;  // Q buffers
   // full K, full V, empty per K/V stage; full and empty per Q buffer
   static constexpr int kBarBytes = (3 * STAGES + 2 * kQStages) * 8;
   static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
@@ -748,7 +750,7 @@ struct NoTmaMaps {};
 // each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
 // O ("fp32").
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
-          bool TWO_LEVEL = false>
+          bool TWO_LEVEL = false, bool PERSISTENT = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p,
                          const __grid_constant__ std::conditional_t<SAGE_WG_TMA && PV == PvKind::kFp8, WsTmaMaps,
@@ -756,11 +758,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
   constexpr bool kTma = SAGE_WG_TMA && kFp8;  // the copy engine fills Q, K and V^T
-  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2>;
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
-  constexpr bool kPersistent = SAGE_WG_PERSISTENT;
+  constexpr bool kPersistent = PERSISTENT;
   static_assert(!kPersistent || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1139,21 +1141,24 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
-  constexpr auto kKernel = attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>;
-  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, PV == PvKind::kFp8 ? 1 : 2>;
-  if constexpr (SAGE_WG_TMA && PV == PvKind::kFp8) {
+  constexpr bool kTma = SAGE_WG_TMA && PV == PvKind::kFp8;
+  constexpr int kVBytes = PV == PvKind::kFp8 ? 1 : 2;
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes>;
+  std::conditional_t<kTma, WsTmaMaps, NoTmaMaps> maps;
+  if constexpr (kTma) {
     const uint64_t bhq = static_cast<uint64_t>(p.batch) * p.q_heads, bhkv = static_cast<uint64_t>(p.batch) * p.kv_heads;
-    WsTmaMaps maps;
     if (!sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ) ||
         !sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N) ||
         !sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM))
       return cudaErrorNotSupported;  // the driver refused a tensor map
-    if constexpr (SAGE_WG_PERSISTENT) return launch_persistent<kKernel, Tr>(p, stream, maps);
-    else return launch_over_query_blocks<kKernel, Tr>(p, stream, maps);
-  } else {
-    if constexpr (SAGE_WG_PERSISTENT) return launch_persistent<kKernel, Tr>(p, stream, NoTmaMaps{});
-    else return launch_over_query_blocks<kKernel, Tr>(p, stream, NoTmaMaps{});
   }
+  if constexpr (SAGE_WG_PERSISTENT) {
+    if (!p.causal)
+      return launch_persistent<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>,
+                               WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>>(p, stream, maps);
+  }
+  return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
+                                  Tr>(p, stream, maps);
 }
 
 }  // namespace sage
