@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
       sage::sm90::mbar_init(full(st), PRODUCER == 2 ? 1 : 128);
       sage::sm90::mbar_init(empty(st), 256);
     }
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  sage::sm90::mbar_init_fence();
   __syncthreads();
   sage::fence_proxy_async_smem();
   __syncthreads();
@@ -204,8 +204,7 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
       const uint4* blk = src + static_cast<int64_t>((blockIdx.x * 7 + kb) % src_blocks) * 2048;
       if (STAGES && kb >= STAGES) sage::sm90::mbar_wait(empty(st), (kb / kRingStages - 1) & 1);
       if constexpr (PRODUCER == 2) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full(st)), "n"(32768)
-                     : "memory");
+        sage::sm90::mbar_arrive_expect_tx(full(st), 32768);
         for (int h = 0; h < 2; ++h)
           asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                        ::"r"(ring + st * 32768 + h * 16384), "l"(blk + h * 1024), "n"(16384), "r"(full(st))

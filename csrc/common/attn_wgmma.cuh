@@ -802,7 +802,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::mbar_init(full_q(qs), kTma ? 1 : 128);
       sm90::mbar_init(q_empty(qs), Tr::kConsumers);
     }
-    if constexpr (kTma) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the async proxy
+    if constexpr (kTma) sm90::mbar_init_fence();
   }
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
 

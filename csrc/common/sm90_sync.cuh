@@ -30,6 +30,22 @@ __device__ __forceinline__ void mbar_arrive_on_cp_async(uint32_t bar) {
 #endif
 }
 
+// Arrive on `bar` (count 1) and expect `bytes` more transaction bytes in its current phase (the
+// bulk copies that complete on it).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+
+// After mbar_init, before a bulk copy may complete on the barriers: makes the initialised
+// barriers visible to the async proxy.
+__device__ __forceinline__ void mbar_init_fence() {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
 // Blocks until the barrier's phase with parity `parity` has completed (acquire at CTA scope).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #ifdef SAGE_HAS_WGMMA

@@ -12,14 +12,7 @@
 
 namespace sage::sm90 {
 
-// ---- device ----
-
-// Arrive on `bar` (count 1) and expect `bytes` more transaction bytes in its current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#ifdef SAGE_HAS_WGMMA
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
+// ---- device (the mbarrier side is in sm90_sync.cuh) ----
 
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
 #ifdef SAGE_HAS_WGMMA
