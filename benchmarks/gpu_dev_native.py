@@ -135,6 +135,18 @@ def parse_variants(defines: list[str], trees: list[str]) -> dict[str, tuple[str,
     return variants
 
 
+def run_child(cmd: list[str], env: dict, timeout: float) -> tuple[object, str, str]:
+    """Runs cmd, killed after `timeout` seconds: (exit code or "timeout", stdout, stderr), what it
+    printed before the kill included, and on a kill stderr says so."""
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        return proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        def text(b) -> str:
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        return "timeout", text(e.stdout), text(e.stderr) + f"\nkilled after {timeout:g} s (a hang?)\n"
+
+
 def variant_families(specs: list[str], names) -> dict[str, str]:
     """--variant-family [NAME=]FAMILY (repeatable) -> {variant name: family}; a bare FAMILY sets
     the default for every variant not named (sm80 when none is given)."""
@@ -333,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
                              "commit's kernels: git archive REV csrc | tar -x -C OUT, DIR=OUT/csrc; "
                              "the Python side stays this checkout's, so the tree's ops must match "
                              "its bindings); combines with --variant NAME=DEFINES; repeatable")
+    parser.add_argument("--variant-timeout", type=float, default=150, metavar="SECONDS",
+                        help="each variant's check and timing run (a child process) is killed after "
+                             "this long, so one hanging build costs only its own results (default 150)")
     parser.add_argument("--softmax-blocks", default="", metavar="D64,D128",
                         help="the kernels' online-softmax step (keys) at head dim 64 and 128 for "
                              "the reference (default: the family's; variants built with "
@@ -411,17 +426,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         vout = out / f"variant_{name}"
         env = dict(os.environ, SAGE_DEV_PACKAGE_ROOT=str(Path(args.build_root) / f"pkg_{name}"))
-        proc = subprocess.run([sys.executable, __file__, "--family", family_of[name], "--skip-build",
-                               "--skip-tests", "--dtypes", "float16", "--out", str(vout),
-                               "--cases", args.cases, "--causal", args.causal, "--labels", args.labels]
-                              + (["--softmax-blocks", f"{sb[64]},{sb[128]}"] if (sb := softmax_blocks[name]) else []),
-                              env=env, capture_output=True, text=True)
+        rc, stdout, stderr = run_child([sys.executable, __file__, "--family", family_of[name], "--skip-build",
+                                        "--skip-tests", "--dtypes", "float16", "--out", str(vout),
+                                        "--cases", args.cases, "--causal", args.causal, "--labels", args.labels]
+                                       + (["--softmax-blocks", f"{sb[64]},{sb[128]}"] if (sb := softmax_blocks[name])
+                                          else []), env, args.variant_timeout)
         source = "" if tree == ROOT / "csrc" else f" [csrc {tree}]"
         print(f"== variant {name} ({family_of[name]}): {defines}{source}")
-        print("\n".join(line for line in proc.stdout.splitlines() if "cos_reference" in line or "TOPS" in line or "ACCURACY" in line
-                        or "geomean" in line)[-3000:] or proc.stderr[-2000:])
+        print("\n".join(line for line in stdout.splitlines() if "cos_reference" in line or "TOPS" in line or "ACCURACY" in line
+                        or "geomean" in line)[-3000:] or stderr[-2000:])
         results.setdefault("variants", {})[name] = {"family": family_of[name], "defines": defines, "csrc": str(tree),
-                                                    "rc": proc.returncode}
+                                                    "rc": rc}
     (out / "native_dev.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -22,7 +22,8 @@
 # sm80, default, sm89 for the FP8 wgmma variant, sm90 / sm90_fp8 for the shipped Hopper families
 # with their own tiles; VARIANT_TESTS runs tests/gpu/test_native_sm80_sm89.py -k VARIANT_TESTS_K,
 # default sm80), RATE (1: also build and run benchmarks/gpu_dev_wgmma_rate.cu, sm_90a, within
-# LIMIT_RATE seconds, default 120; its output is printed last).
+# LIMIT_RATE seconds, default 120; its output is printed last), VARIANT_TIMEOUT (seconds each
+# variant's check and timing may take before it is killed, default 150: a hang costs one variant).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -42,7 +43,7 @@ fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
   --dtypes "${DTYPES:-float16}" --cases "$CASES" --causal "${CAUSAL:-no}" --labels "${LABELS:-sm80-fp32}" \
-  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" \
+  --build-root /tmp/native_build --out "$OUT/native" --arch "${ARCH:-9.0}" --variant-timeout "${VARIANT_TIMEOUT:-150}" \
   "${variant_args[@]}" >"$OUT/native.log" 2>&1
 echo "native: exit $?"
 if [ -n "${VARIANT_TESTS:-}" ]; then

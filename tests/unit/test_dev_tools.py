@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -104,6 +105,16 @@ def test_trace_table_shows_each_traced_tile_phases():
     assert first.split() == ["0", "0", "8", "400", "2000", "300", "20000", "2500", "3000", "25300"]
     second = next(line for line in table.splitlines() if line.startswith("1 "))
     assert second.split()[3:8] == ["25710", "100", "300", "10000", "2500"]
+
+
+def test_a_hanging_variant_run_is_killed_with_what_it_printed():
+    native = _load("gpu_dev_native")
+    rc, out, err = native.run_child([sys.executable, "-c", "print('ACCURACY ok', flush=True); "
+                                     "import time; time.sleep(30)"], dict(os.environ), timeout=2)
+    assert rc == "timeout" and "ACCURACY ok" in out and "killed after 2 s" in err
+    rc, out, err = native.run_child([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"],
+                                    dict(os.environ), timeout=30)
+    assert (rc, out, err) == (3, "x\n", "")
 
 
 def test_variant_families_default_and_per_name():
