@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     parser.add_argument("--calls", type=int, default=3, help="drive: calls per case")
+    parser.add_argument("--timeout", type=float, default=120, metavar="SECONDS",
+                        help="trace: the traced calls' child process is killed after this long (default 120)")
     args = parser.parse_args(argv)
     for case in args.case:
         if args.mode == "breakdown":
@@ -159,11 +161,16 @@ def main(argv: list[str] | None = None) -> int:
         elif args.mode == "trace":  # device printf reaches the C stdout: read it from a child
             cmd = [sys.executable, __file__, "drive", "--case", case, "--label", args.label, "--dtype",
                    args.dtype, "--calls", "2"] + (["--causal"] if args.causal else [])
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            print(f"{case} {args.label} causal={args.causal} {args.dtype}: trace (rc {proc.returncode})")
-            print(trace_table(proc.stdout), end="")
-            if proc.returncode:
-                print(proc.stderr[-2000:])
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as e:  # a hang: show what it printed before the kill
+                rc, stdout = "timeout", e.stdout.decode(errors="replace") if e.stdout else ""
+                stderr = f"killed after {args.timeout:g} s (a hang?)"
+            print(f"{case} {args.label} causal={args.causal} {args.dtype}: trace (rc {rc})")
+            print(trace_table(stdout), end="")
+            if rc:
+                print(stderr[-2000:])
         else:
             import torch
 
