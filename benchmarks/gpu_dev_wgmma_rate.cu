@@ -375,6 +375,7 @@ void run(int sms, int iters, unsigned long long* d_cycles, int* d_sink) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row reaches the log even if a later one hangs and is killed
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (sms > 132) sms = 132;
