@@ -247,33 +247,58 @@ __device__ __forceinline__ void preset_scores(int32_t (&acc)[BLOCK_N / 2]) {
   #pragma unroll
   for (int i = 0; i < BLOCK_N / 2; ++i) acc[i] = kScoreBias;
 }
-// S (+)= Q K^T over HEAD_DIM / 32 k-steps (+32 bytes along d each); K tile at k_tile.
+// Descriptors of the operand tiles: Q or K (rows of HEAD_DIM int8 bytes, K-major, HEAD_DIM-byte
+// swizzle), FP8 V^T (rows of 128 token bytes, K-major, 128B swizzle) and 16-bit V (MN-major,
+// 64-column atoms of BLOCK_N rows of 128 bytes).
+template <int HEAD_DIM>
+__device__ __forceinline__ uint64_t qk_desc(uint32_t tile) {
+  return make_desc(tile, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+}
+__device__ __forceinline__ uint64_t vt_desc(uint32_t tile) { return make_desc(tile, 16, 8 * 128, 1); }
+template <int BLOCK_N>
+__device__ __forceinline__ uint64_t v_desc(uint32_t tile) { return make_desc(tile, BLOCK_N * 128, 1024, 1); }
+
+// One k-step of each product. QK step kk: +32 bytes along d; the first accumulates onto the
+// preset score bias (or overwrites without one). FP8 P.V step kc: P's e4m3 A fragment of 32
+// keys, +32 token bytes of V^T; fresh: its first step overwrites O (a block's own accumulator).
+// 16-bit P.V step kc: 16 keys, +16 MN-major V rows of 128 bytes.
+template <int BLOCK_N>
+__device__ __forceinline__ void qk_step(int32_t (&s)[BLOCK_N / 2], uint64_t desc_q, uint64_t desc_k, int kk) {
+  qk_wgmma<BLOCK_N>(s, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+}
+template <int HEAD_DIM>
+__device__ __forceinline__ void pv_fp8_step(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[4], uint64_t desc_vt, int kc,
+                                            bool fresh) {
+  if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, a, desc_vt + 2 * kc, !(fresh && kc == 0));
+  else wgmma_m64n128k32_e4m3_rs(o, a, desc_vt + 2 * kc, !(fresh && kc == 0));
+}
+template <int HEAD_DIM, PvKind PV>
+__device__ __forceinline__ void pv16_step(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[4], uint64_t desc_v, int kc) {
+  pv_wgmma<HEAD_DIM, PV>(o, a, desc_v + 128 * kc);
+}
+
+// S (+)= Q K^T over HEAD_DIM / 32 k-steps; K tile at k_tile.
 template <int HEAD_DIM, int BLOCK_N>
 __device__ __forceinline__ void issue_qk(int32_t (&acc)[BLOCK_N / 2], uint64_t desc_q, uint32_t k_tile) {
-  const uint64_t desc_k = make_desc(k_tile, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+  const uint64_t desc_k = qk_desc<HEAD_DIM>(k_tile);
   #pragma unroll
-  for (int kk = 0; kk < HEAD_DIM / 32; ++kk)
-    qk_wgmma<BLOCK_N>(acc, desc_q + 2 * kk, desc_k + 2 * kk, kScoreBias != 0 || kk > 0);
+  for (int kk = 0; kk < HEAD_DIM / 32; ++kk) qk_step<BLOCK_N>(acc, desc_q, desc_k, kk);
 }
-// O (+)= P V in FP8: P from registers (e4m3 A fragments, 32 keys per step), V^T K-major in shared
-// memory (+32 token bytes per step). fresh: the first step overwrites O (a block's own accumulator).
+// O (+)= P V in FP8: P from registers, V^T in shared memory (pv_fp8_step).
 template <int HEAD_DIM, int BLOCK_N>
 __device__ __forceinline__ void issue_pv_fp8(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 32][4],
                                              uint32_t vt_tile, bool fresh) {
-  const uint64_t desc_v = make_desc(vt_tile, 16, 8 * 128, 1);
+  const uint64_t desc_v = vt_desc(vt_tile);
   #pragma unroll
-  for (int kc = 0; kc < BLOCK_N / 32; ++kc) {
-    if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, pa[kc], desc_v + 2 * kc, !(fresh && kc == 0));
-    else wgmma_m64n128k32_e4m3_rs(o, pa[kc], desc_v + 2 * kc, !(fresh && kc == 0));
-  }
+  for (int kc = 0; kc < BLOCK_N / 32; ++kc) pv_fp8_step<HEAD_DIM>(o, pa[kc], desc_v, kc, fresh);
 }
-// O += P V with P from registers (16 keys per step: +16 MN-major V rows of 128 bytes).
+// O += P V with P from registers (pv16_step).
 template <int HEAD_DIM, int BLOCK_N, PvKind PV>
 __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
                                          uint32_t v_tile) {
-  const uint64_t desc_v = make_desc(v_tile, BLOCK_N * 128, 1024, 1);
+  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
   #pragma unroll
-  for (int kc = 0; kc < BLOCK_N / 16; ++kc) pv_wgmma<HEAD_DIM, PV>(o, pa[kc], desc_v + 128 * kc);
+  for (int kc = 0; kc < BLOCK_N / 16; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
 }
 
 // S = Q K^T (from kScoreBias) and O (+)= P V, their k-steps alternating (SAGE_WG_INTERLEAVE): QK
@@ -286,20 +311,13 @@ __device__ __forceinline__ void issue_qk_pv_interleaved(int32_t (&s)[BLOCK_N / 2
   constexpr bool kFp8 = PV == PvKind::kFp8;
   constexpr int kQ = HEAD_DIM / 32, kP = PA;
   static_assert(PA == (kFp8 ? BLOCK_N / 32 : BLOCK_N / 16) && kQ <= kP, "one P.V step per A fragment");
-  const uint64_t desc_k = make_desc(k_tile, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
-  const uint64_t desc_v = kFp8 ? make_desc(v_tile, 16, 8 * 128, 1) : make_desc(v_tile, BLOCK_N * 128, 1024, 1);
+  const uint64_t desc_k = qk_desc<HEAD_DIM>(k_tile);
+  const uint64_t desc_v = kFp8 ? vt_desc(v_tile) : v_desc<BLOCK_N>(v_tile);
   #pragma unroll
   for (int i = 0; i < kP; ++i) {
-    if ((i * kQ) % kP < kQ) {
-      const int j = i * kQ / kP;
-      qk_wgmma<BLOCK_N>(s, desc_q + 2 * j, desc_k + 2 * j, kScoreBias != 0 || j > 0);
-    }
-    if constexpr (kFp8) {
-      if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, pa[i], desc_v + 2 * i, !(fresh && i == 0));
-      else wgmma_m64n128k32_e4m3_rs(o, pa[i], desc_v + 2 * i, !(fresh && i == 0));
-    } else {
-      pv_wgmma<HEAD_DIM, PV>(o, pa[i], desc_v + 128 * i);
-    }
+    if ((i * kQ) % kP < kQ) qk_step<BLOCK_N>(s, desc_q, desc_k, i * kQ / kP);
+    if constexpr (kFp8) pv_fp8_step<HEAD_DIM>(o, pa[i], desc_v, i, fresh);
+    else pv16_step<HEAD_DIM, PV>(o, pa[i], desc_v, i);
   }
 }
 
@@ -316,8 +334,6 @@ struct WgmmaTraits {
   // 64 rows x 128 bytes (128B swizzle), for a P.V whose A comes from shared memory.
   static constexpr int kPBytes = SAGE_WG_P_SMEM ? 64 * BLOCK_N * 2 : 0;  // per warpgroup
   static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes + NWG * kPBytes + 1024;
-  static constexpr uint32_t kQKSwizzle = HEAD_DIM == 128 ? 1 : 2;  // 128B or 64B
-  static constexpr uint32_t kQKSbo = 8 * HEAD_DIM;                // 8 rows of HEAD_DIM bytes
   static_assert(kCtaQ <= 128 && 128 % kCtaQ == 0, "CTA rows must divide the 128-token Q padding");
   static_assert(BLOCK_N == 64 || BLOCK_N == 128, "64- or 128-key blocks");
 };
@@ -589,13 +605,13 @@ __global__ void __launch_bounds__(NWG * 128, SAGE_WG_MINB) attn_wgmma_kernel(con
   #pragma unroll
   for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
 
-  const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, Tr::kQKSbo, Tr::kQKSwizzle);
+  const uint64_t desc_q = wg::qk_desc<HEAD_DIM>(sQ + wgi * 64 * HEAD_DIM);
   auto issue_qk = [&](int32_t (&acc)[BLOCK_N / 2], int kb) {
     wg::issue_qk<HEAD_DIM, BLOCK_N>(acc, desc_q, sK + (kb & 1) * Tr::kKBytes);
   };
   auto issue_pv = [&](const uint32_t (&pa)[BLOCK_N / 16][4], int kb) {
 #if SAGE_WG_P_SMEM
-    const uint64_t desc_v = wg::make_desc(sV + (kb & 1) * Tr::kVBytes, BLOCK_N * 128, 1024, 1);
+    const uint64_t desc_v = wg::v_desc<BLOCK_N>(sV + (kb & 1) * Tr::kVBytes);
     #pragma unroll
     for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
       // A = P tile: 64-key atom kc / 4, +32 bytes (16 keys) per step inside it; 8 rows = 1024 B
@@ -762,8 +778,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
-  constexpr bool kPersistent = PERSISTENT;
-  static_assert(!kPersistent || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
+  static_assert(!PERSISTENT || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -785,10 +800,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // blockIdx.x. Both roles walk them in the same order, and count the K blocks of the tiles before
   // (g0): the ring's stage and phase of block kb are those of block g0 + kb.
   const int n_qblocks = (p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ;
-  const int64_t n_tiles = kPersistent ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
-  const int64_t first_tile = kPersistent ? blockIdx.x : 0, tile_step = kPersistent ? gridDim.x : 1;
+  const int64_t n_tiles = PERSISTENT ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
+  const int64_t first_tile = PERSISTENT ? blockIdx.x : 0, tile_step = PERSISTENT ? gridDim.x : 1;
   auto tile_at = [&](int64_t tile) {
-    return kPersistent ? CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks) : CtaTile(p, Tr::kCtaQ, BLOCK_N);
+    return PERSISTENT ? CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks) : CtaTile(p, Tr::kCtaQ, BLOCK_N);
   };
 
   if (tid == 0) {
@@ -895,7 +910,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     #pragma unroll
     for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
     [[maybe_unused]] float ob[TWO_LEVEL ? HEAD_DIM / 2 : 1];  // TWO_LEVEL: this block's P.V
-    const uint64_t desc_q = wg::make_desc(sQ + wgi * 64 * HEAD_DIM, 16, 8 * HEAD_DIM, HEAD_DIM == 128 ? 1 : 2);
+    const uint64_t desc_q = wg::qk_desc<HEAD_DIM>(sQ + wgi * 64 * HEAD_DIM);
 
     // Ping-pong: warpgroup w issues its products after the other one has issued its own
     // (PINGPONG 1) or seen its own done (2) (named barrier 1 + w: its 128 threads wait, the other's
@@ -928,8 +943,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #if SAGE_WG_TRACE >= 0
     constexpr int kTraceFirst = 8, kTraceBlocks = 16;
     uint32_t trace[kTraceBlocks][5];
-    const bool tracer = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE &&
-                        (tid & 127) == 0 && it == 0;  // persistent: the CTA's first tile
+    const bool tracer = tile_tracer && it == 0;  // persistent: the CTA's first tile
     auto stamp = [&](int kb, int phase) {
       if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
     };
@@ -1119,7 +1133,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                trace[i][2], trace[i][3], trace[i][4]);
     }
 #endif
-    if constexpr (kPersistent) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
+    if constexpr (PERSISTENT) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
     wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
     tile_stamp(4);
     g0 += n_kblocks;
