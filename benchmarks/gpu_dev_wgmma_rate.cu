@@ -35,22 +35,29 @@ __device__ __forceinline__ void e4m3_rs(float (&d)[N / 2], const uint32_t (&a)[4
 constexpr int kABytes = 64 * 128;  // a warpgroup's A: 64 rows x 128 bytes (K-major)
 constexpr int kLoopFields = 5;     // loop_kernel's figures per warpgroup
 
+// The first `bytes` of the 1024-aligned dynamic shared memory filled with operand values (none an
+// e4m3 NaN) and made visible to the tensor cores; returns its shared-window address. Every thread
+// of the CTA calls it.
+__device__ uint32_t filled_operands(uint8_t* smem_raw, int bytes) {
+  const uint32_t base = (sage::smem_u32(smem_raw) + 1023u) & ~1023u;
+  uint8_t* gen = smem_raw + (base - sage::smem_u32(smem_raw));
+  for (int i = threadIdx.x; i < bytes; i += blockDim.x) gen[i] = static_cast<uint8_t>((i * 37) & 0x3F);
+  __syncthreads();
+  sage::fence_proxy_async_smem();
+  __syncthreads();
+  return base;
+}
+
 template <int NWG, int N, int OP, int CHAINS, bool SHARED_B, int IN_FLIGHT>
 __global__ void __launch_bounds__(NWG * 128, 1) rate_kernel(int iters, unsigned long long* cycles, int* sink) {
 #if defined(SAGE_HAS_WGMMA)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t base = (sage::smem_u32(smem_raw) + 1023u) & ~1023u;
-  uint8_t* gen = smem_raw + (base - sage::smem_u32(smem_raw));
   constexpr int kBTiles = SHARED_B ? 1 : NWG;
-  constexpr int kBytes = NWG * kABytes + kBTiles * N * 128;
+  const uint32_t base = filled_operands(smem_raw, NWG * kABytes + kBTiles * N * 128);
   const int tid = threadIdx.x, wgi = tid / 128;
-  for (int i = tid; i < kBytes; i += blockDim.x) gen[i] = static_cast<uint8_t>((i * 37) & 0x3F);  // no e4m3 NaN
-  __syncthreads();
-  sage::fence_proxy_async_smem();
-  __syncthreads();
   const uint32_t a_tile = base + wgi * kABytes;
   const uint32_t b_tile = base + NWG * kABytes + (SHARED_B ? 0 : wgi) * N * 128;
-  const uint64_t da = sage::wg::make_desc(a_tile, 16, 1024, 1), db = sage::wg::make_desc(b_tile, 16, 1024, 1);
+  const uint64_t da = sage::wg::qk_desc<128>(a_tile), db = sage::wg::qk_desc<128>(b_tile);  // 128-byte rows
   using Acc = std::conditional_t<OP == kS8SS, int32_t, float>;
   Acc acc[CHAINS][N / 2];
   #pragma unroll
@@ -99,16 +106,11 @@ __global__ void __launch_bounds__(256, 1) mixed_kernel(int wgmma_iters, int alu_
                                                         int* sink) {
 #if defined(SAGE_HAS_WGMMA)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t base = (sage::smem_u32(smem_raw) + 1023u) & ~1023u;
-  uint8_t* gen = smem_raw + (base - sage::smem_u32(smem_raw));
+  const uint32_t base = filled_operands(smem_raw, kABytes + 128 * 128);
   const int tid = threadIdx.x, wgi = tid / 128;
-  for (int i = tid; i < kABytes + 128 * 128; i += blockDim.x) gen[i] = static_cast<uint8_t>((i * 37) & 0x3F);
-  __syncthreads();
-  sage::fence_proxy_async_smem();
-  __syncthreads();
   const unsigned long long t0 = clock64();
   if (wgi == 0) {
-    const uint64_t da = sage::wg::make_desc(base, 16, 1024, 1), db = sage::wg::make_desc(base + kABytes, 16, 1024, 1);
+    const uint64_t da = sage::wg::qk_desc<128>(base), db = sage::wg::qk_desc<128>(base + kABytes);
     int32_t acc[64];
     #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0;
@@ -178,22 +180,19 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
   static_assert(STAGES == 0 || (PRODUCER && STAGES >= 2), "a gated loop needs a producer and two stages");
   constexpr int kRingStages = STAGES ? STAGES : 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const uint32_t base = (sage::smem_u32(smem_raw) + 1023u) & ~1023u;
-  uint8_t* gen = smem_raw + (base - sage::smem_u32(smem_raw));
-  const int tid = threadIdx.x, wgi = tid / 128;
   constexpr int kBytes = 2 * kABytes + 2 * 128 * 128;  // Q of both warpgroups, K, V^T
+  const uint32_t base = filled_operands(smem_raw, kBytes);
+  const int tid = threadIdx.x, wgi = tid / 128;
   const uint32_t ring = base + kBytes, bars = ring + kRingStages * 32768;
   auto full = [&](int st) { return bars + 8 * st; };
   auto empty = [&](int st) { return bars + 8 * (kRingStages + st); };
-  for (int i = tid; i < kBytes; i += blockDim.x) gen[i] = static_cast<uint8_t>((i * 37) & 0x3F);
-  if (PRODUCER && tid == 0)  // the barriers live after the ring, which only a producer has
+  if (PRODUCER && tid == 0) {  // the barriers live after the ring, which only a producer has
     for (int st = 0; st < kRingStages; ++st) {
       sage::sm90::mbar_init(full(st), PRODUCER == 2 ? 1 : 128);
       sage::sm90::mbar_init(empty(st), 256);
     }
-  sage::sm90::mbar_init_fence();
-  __syncthreads();
-  sage::fence_proxy_async_smem();
+    sage::sm90::mbar_init_fence();
+  }
   __syncthreads();
   if (PRODUCER && wgi == 2) {  // 2048 16-byte copies per 32 KB block, 16 per thread
     sage::sm90::regs_lower<40>();  // the consumers take the rest, as in the kernels
@@ -225,7 +224,7 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     return;
   }
   if constexpr (PRODUCER) sage::sm90::regs_raise<232>();
-  const uint64_t dq = sage::wg::make_desc(base + wgi * kABytes, 16, 1024, 1);
+  const uint64_t dq = sage::wg::qk_desc<128>(base + wgi * kABytes);
   int32_t s[64];
   float o[64];
   #pragma unroll
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     }
     if constexpr (PINGPONG) sage::sm90::named_sync(1 + wgi, 256);
     t_issue += clock64() - t0;
-    const uint64_t dk = sage::wg::make_desc(kv, 16, 1024, 1), dv = sage::wg::make_desc(kv + 128 * 128, 16, 1024, 1);
+    const uint64_t dk = sage::wg::qk_desc<128>(kv), dv = sage::wg::vt_desc(kv + 128 * 128);
     #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] = 0x4B400000;
     sage::wgmma_fence();
