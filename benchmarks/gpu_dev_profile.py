@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -161,12 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.mode == "trace":  # device printf reaches the C stdout: read it from a child
             cmd = [sys.executable, __file__, "drive", "--case", case, "--label", args.label, "--dtype",
                    args.dtype, "--calls", "2"] + (["--causal"] if args.causal else [])
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as e:  # a hang: show what it printed before the kill
-                rc, stdout = "timeout", e.stdout.decode(errors="replace") if e.stdout else ""
-                stderr = f"killed after {args.timeout:g} s (a hang?)"
+            rc, stdout, stderr = dev.run_child(cmd, dict(os.environ), args.timeout)  # a hang is killed
             print(f"{case} {args.label} causal={args.causal} {args.dtype}: trace (rc {rc})")
             print(trace_table(stdout), end="")
             if rc:
