@@ -12,6 +12,7 @@
 // the columns {2t, 2t+1, 8+2t, 9+2t} of two n8 tiles and store V^T with the same token order
 // (perm16 in quant_kernels.cuh), so the sum over k is unchanged.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <cuda_bf16.h>
@@ -671,16 +672,22 @@ cudaError_t raise_smem_limit_once(int smem_bytes) {
   return cudaSuccess;
 }
 
-// Host side: launch KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes) on `stream` over (query
-// blocks, q heads, batch), with the kernel's parameters after p if it has any. Returns the launch
-// error.
+// Host side: launch KERNEL (traits Tr: kThreads, kSmemBytes) on `grid`, with the kernel's
+// parameters after p if it has any. Returns the launch error.
 template <auto KERNEL, typename Tr, typename... More>
-cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, const More&... more) {
+cudaError_t launch_on_grid(dim3 grid, const AttnParams& p, cudaStream_t stream, const More&... more) {
   const cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch);
   KERNEL<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, more...);
   return cudaGetLastError();
+}
+
+// Host side: launch KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes) over (query blocks, q heads,
+// batch).
+template <auto KERNEL, typename Tr, typename... More>
+cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, const More&... more) {
+  return launch_on_grid<KERNEL, Tr>(dim3((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ, p.q_heads, p.batch), p, stream,
+                                    more...);
 }
 
 // Host side: the current device's SM count, asked once per device.
@@ -698,21 +705,18 @@ inline cudaError_t sm_count_once(int* count) {
   return err;
 }
 
-// Host side: launch a persistent KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes, kMinBlocks): as
-// many CTAs as fit on the device at once, at most one per tile; each walks the (query blocks,
-// q heads, batch) tiles with stride gridDim.x (CtaTile's linear constructor).
+// Host side: launch a persistent KERNEL (traits also kMinBlocks): as many CTAs as fit on the
+// device at once, at most one per tile; each walks the (query blocks, q heads, batch) tiles with
+// stride gridDim.x (CtaTile's linear constructor).
 template <auto KERNEL, typename Tr, typename... More>
 cudaError_t launch_persistent(const AttnParams& p, cudaStream_t stream, const More&... more) {
-  cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
-  if (err != cudaSuccess) return err;
   int sms = 0;
-  err = sm_count_once(&sms);
+  const cudaError_t err = sm_count_once(&sms);
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ) * p.q_heads * p.batch;
-  const int64_t ctas = tiles < static_cast<int64_t>(sms) * Tr::kMinBlocks ? tiles : static_cast<int64_t>(sms) * Tr::kMinBlocks;
+  const int64_t ctas = std::min<int64_t>(tiles, static_cast<int64_t>(sms) * Tr::kMinBlocks);
   if (ctas == 0) return cudaSuccess;
-  KERNEL<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(p, more...);
-  return cudaGetLastError();
+  return launch_on_grid<KERNEL, Tr>(dim3(static_cast<unsigned>(ctas)), p, stream, more...);
 }
 
 // Host side: pick the instantiation and launch on `stream`. Returns the launch error.
