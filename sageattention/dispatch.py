@@ -505,8 +505,11 @@ def _forced_choice(name: str, req: Request, inv: Inventory, candidates) -> Backe
 
 def request_for(call: AttnCall) -> Request:
     p = call.problem
+    # A learned additive mask (a bias that requires grad) needs SDPA's backward as much as q, k, v do.
+    mask_grad = (call.attn_mask is not None and call.attn_mask.requires_grad and torch.is_grad_enabled())
     return Request(device_type=p.device.type, capability=device_capability(p.device), dtype=p.dtype,
-                   head_dim=p.head_dim, has_mask=call.attn_mask is not None, requires_grad=p.requires_grad,
+                   head_dim=p.head_dim, has_mask=call.attn_mask is not None,
+                   requires_grad=p.requires_grad or mask_grad,
                    dropout=call.dropout_p > 0, qk_quant_gran=call.qk_quant_gran,
                    pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v,
                    batch_heads=p.batch * p.q_heads, batch=p.batch, q_heads=p.q_heads, seq_q=p.q_len, seq_k=p.kv_len, causal=call.is_causal,

@@ -19,6 +19,8 @@ PV_ACCUM_DTYPES_FP16 = ("fp32", "fp16+fp32", "fp16")
 PV_ACCUM_DTYPES_FP8 = ("fp32+fp16", "fp32+fp32", "fp32")
 PV_ACCUM_DTYPES = tuple(dict.fromkeys(PV_ACCUM_DTYPES_FP16 + PV_ACCUM_DTYPES_FP8))
 QUANTIZATION_BACKENDS = ("triton", "cuda")
+# float8 and other exotic floats pass dtype.is_floating_point but SDPA cannot take them.
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 _warned_kwargs: set[str] = set()
 
@@ -78,8 +80,9 @@ def _check_one_device_and_dtype(q, k, v) -> None:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.dtype.is_floating_point:
-        raise TypeError(f"q, k, v must be floating point (float16, bfloat16, float32, float64), got {q.dtype}")
+    if q.dtype not in INPUT_DTYPES:
+        accepted = ", ".join(str(d).removeprefix("torch.") for d in INPUT_DTYPES)
+        raise TypeError(f"q, k, v must be floating point ({accepted}), got {q.dtype}")
 
 
 def _check_tensor(name: str, t) -> torch.Tensor:
@@ -132,9 +135,10 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     if is_causal:
         raise ValueError("attn_mask and is_causal=True cannot be combined (as in SDPA); "
                          "fold the causal pattern into the mask instead")
-    if attn_mask.dtype != torch.bool and attn_mask.dtype not in (problem.dtype, torch.float32):
-        raise TypeError(f"attn_mask dtype {attn_mask.dtype} is not accepted; use torch.bool "
-                        f"(True = attend), {problem.dtype} (additive) or torch.float32 (additive)")
+    additive = tuple(dict.fromkeys((problem.dtype, torch.float32)))
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in additive:
+        raise TypeError(f"attn_mask dtype {attn_mask.dtype} is not accepted; use torch.bool (True = attend) "
+                        f"or an additive {' or '.join(map(str, additive))} mask")
     if attn_mask.device != problem.device:
         raise ValueError(f"attn_mask is on {attn_mask.device} but q is on {problem.device}")
     target = (problem.batch, problem.q_heads, problem.q_len, problem.kv_len)

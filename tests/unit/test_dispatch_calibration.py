@@ -277,6 +277,20 @@ def test_request_carries_the_shape():
     assert (r.batch_heads, r.seq_q, r.seq_k, r.causal, r.return_lse) == (12, 10, 24, True, False)
 
 
+def test_a_mask_that_requires_grad_makes_the_request_need_grad():
+    q = torch.randn(1, 2, 8, 64)
+
+    def request(mask):
+        options = dict(SAGEATTN_KEYWORDS, attn_mask=mask)
+        return dispatch.request_for(parse_call(q, q, q, tensor_layout="HND", is_causal=False, sm_scale=None,
+                                               return_lse=False, options=options))
+    bias = torch.zeros(8, 8, requires_grad=True)
+    assert request(bias).requires_grad
+    assert not request(bias.detach()).requires_grad
+    with torch.no_grad():
+        assert not request(bias).requires_grad
+
+
 def test_a_calibrated_sdpa_choice_is_logged_once_at_info_not_as_a_warning(caplog, monkeypatch):
     monkeypatch.setattr(dispatch, "_logged", set())
     choice = choose(req(), inv(*ALL), calibration=MIXED)

@@ -39,12 +39,14 @@ def shapes_case(name):
         return (q, k.float(), v), TypeError, "one dtype"
     if name == "int":
         return (q.to(torch.int32), k.to(torch.int32), v.to(torch.int32)), TypeError, "floating point"
+    if name == "float8":  # a floating dtype SDPA cannot take
+        return tuple(t.to(torch.float8_e4m3fn) for t in (q, k, v)), TypeError, "floating point"
     if name == "not_tensor":
         return (q.tolist(), k, v), TypeError, "torch.Tensor"
     raise KeyError(name)
 
 
-SHAPE_CASES = ["rank", "batch", "head_dim", "kv_len", "heads", "devices", "dtypes", "int", "not_tensor"]
+SHAPE_CASES = ["rank", "batch", "head_dim", "kv_len", "heads", "devices", "dtypes", "int", "float8", "not_tensor"]
 
 
 @pytest.mark.parametrize("case", SHAPE_CASES)
