@@ -705,16 +705,37 @@ inline cudaError_t sm_count_once(int* count) {
   return err;
 }
 
-// Host side: launch a persistent KERNEL (traits also kMinBlocks): as many CTAs as fit on the
-// device at once, at most one per tile; each walks the (query blocks, q heads, batch) tiles with
-// stride gridDim.x (CtaTile's linear constructor).
+// Host side: how many CTAs of KERNEL (traits Tr: kThreads, kSmemBytes) fit on one SM of the current
+// device, asked of the occupancy calculator once per device (the traits' kMinBlocks is what the
+// register allocation leaves room for; shared memory can allow fewer).
+template <auto KERNEL, typename Tr>
+cudaError_t resident_ctas_per_sm_once(int* count) {
+  static int counts[64] = {};
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 64 && counts[dev] > 0) {
+    *count = counts[dev];
+    return cudaSuccess;
+  }
+  if ((err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes)) != cudaSuccess) return err;
+  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(count, KERNEL, Tr::kThreads, Tr::kSmemBytes);
+  if (err == cudaSuccess && dev < 64) counts[dev] = *count;
+  return err;
+}
+
+// Host side: launch a persistent KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes): as many CTAs as
+// are resident on the device at once, at most one per tile; each walks the (query blocks, q heads,
+// batch) tiles with stride gridDim.x (CtaTile's linear constructor).
 template <auto KERNEL, typename Tr, typename... More>
 cudaError_t launch_persistent(const AttnParams& p, cudaStream_t stream, const More&... more) {
-  int sms = 0;
-  const cudaError_t err = sm_count_once(&sms);
+  int sms = 0, per_sm = 0;
+  cudaError_t err = sm_count_once(&sms);
+  if (err == cudaSuccess) err = resident_ctas_per_sm_once<KERNEL, Tr>(&per_sm);
   if (err != cudaSuccess) return err;
   const int64_t tiles = static_cast<int64_t>((p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ) * p.q_heads * p.batch;
-  const int64_t ctas = std::min<int64_t>(tiles, static_cast<int64_t>(sms) * Tr::kMinBlocks);
+  // per_sm 0 (does not fit at all): one CTA per SM, and the launch reports why
+  const int64_t ctas = std::min<int64_t>(tiles, static_cast<int64_t>(sms) * std::max(per_sm, 1));
   if (ctas == 0) return cudaSuccess;
   return launch_on_grid<KERNEL, Tr>(dim3(static_cast<unsigned>(ctas)), p, stream, more...);
 }

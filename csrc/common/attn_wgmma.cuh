@@ -89,10 +89,12 @@ namespace sage {
 #endif
 #ifndef SAGE_WG_TRACE
 // Tuning build only: >= 0 makes CTA number SAGE_WG_TRACE (linear block index) of the WS kernel
-// printf the SM clock at each phase of K blocks 8..23 for the first thread of each consumer
+// record the SM clock at each phase of K blocks 8..23 for the first thread of each consumer
 // warpgroup, and at the phases of its first two tiles (persistent: the CTA's first two; else its
-// only one): K/V and Q landed, first QK done, K loop done, output stored
-// (benchmarks/gpu_dev_profile.py trace reads both). -1: off.
+// only one): K/V and Q landed, first QK done, K loop done, output stored. The launcher then
+// prints them from a second kernel (wg_trace::print_kernel; benchmarks/gpu_dev_profile.py trace
+// reads the lines): a printf in the attention kernel itself made ptxas serialize every wgmma
+// (warning C7510, "wgmma pipeline crossing function boundary"). -1: off.
 #define SAGE_WG_TRACE -1
 #endif
 #ifndef SAGE_WG_EXP2_FMA
@@ -765,6 +767,39 @@ struct NoTmaMaps {};
 // sm89 family's e4m3 V^T with per-channel scales; the sm90_fp8 family). TWO_LEVEL (FP8):
 // each block's P.V into its own accumulator, added to O in fp32 ("fp32+fp32"); else straight into
 // O ("fp32").
+#if SAGE_WG_TRACE >= 0
+namespace wg_trace {
+constexpr int kFirst = 8, kBlocks = 16, kTiles = 2;  // K blocks 8..23 of the first tile; two tiles
+// One per module (static: each .cu has its own, read by its own print_kernel).
+struct Buffer {
+  int written[2];  // per consumer warpgroup: the traced CTA ran
+  unsigned smid;
+  uint32_t entry[2];
+  int block_count[2];  // traced K blocks of the first tile
+  uint32_t block[2][kBlocks][5];
+  int tile_count[2];
+  int tile_blocks[2][kTiles];
+  uint32_t tile[2][kTiles][5];
+};
+static __device__ Buffer g_buffer;
+
+// The lines gpu_dev_profile.py trace reads; launched after the attention kernel on its stream.
+static __global__ void print_kernel() {
+  Buffer& b = g_buffer;
+  for (int w = 0; w < 2; ++w) {
+    if (!b.written[w]) continue;
+    for (int i = 0; i < b.block_count[w]; ++i)
+      printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", b.smid, w, kFirst + i, b.block[w][i][0], b.block[w][i][1],
+             b.block[w][i][2], b.block[w][i][3], b.block[w][i][4]);
+    for (int i = 0; i < b.tile_count[w]; ++i)
+      printf("TRACE_TILE sm %u wg %d it %d nkb %d entry %u %u %u %u %u %u\n", b.smid, w, i, b.tile_blocks[w][i],
+             b.entry[w], b.tile[w][i][0], b.tile[w][i][1], b.tile[w][i][2], b.tile[w][i][3], b.tile[w][i][4]);
+    b.written[w] = 0;
+  }
+}
+}  // namespace wg_trace
+#endif
+
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false, bool PERSISTENT = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
@@ -885,12 +920,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
   int g0 = 0, it = 0;  // as the producer's
 #if SAGE_WG_TRACE >= 0
-  uint32_t tile_trace[2][5] = {};
-  int tile_blocks[2] = {0, 0};
+  wg_trace::Buffer& trace_buf = wg_trace::g_buffer;
   const bool tile_tracer =
       blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) == SAGE_WG_TRACE && (tid & 127) == 0;
+  if (tile_tracer) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    trace_buf.smid = smid;
+    trace_buf.entry[wgi] = trace_entry;
+    trace_buf.block_count[wgi] = 0;
+    trace_buf.tile_count[wgi] = 0;
+  }
   auto tile_stamp = [&](int phase) {
-    if (tile_tracer && it < 2) tile_trace[it][phase] = clock();
+    if (tile_tracer && it < wg_trace::kTiles) trace_buf.tile[wgi][it][phase] = clock();
   };
 #else
   auto tile_stamp = [](int) {};
@@ -941,22 +983,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     // overlapped loop its top (0), products issued (1), the next softmax done (2), P.V done (3).
     // Both stamp K_{kb+1} and V_kb landed (4), before the products' wgmmas.
 #if SAGE_WG_TRACE >= 0
-    constexpr int kTraceFirst = 8, kTraceBlocks = 16;
-    uint32_t trace[kTraceBlocks][5];
     const bool tracer = tile_tracer && it == 0;  // persistent: the CTA's first tile
     auto stamp = [&](int kb, int phase) {
-      if (tracer && kb >= kTraceFirst && kb < kTraceFirst + kTraceBlocks) trace[kb - kTraceFirst][phase] = clock();
+      if (tracer && kb >= wg_trace::kFirst && kb < wg_trace::kFirst + wg_trace::kBlocks)
+        trace_buf.block[wgi][kb - wg_trace::kFirst][phase] = clock();
     };
 #else
     auto stamp = [](int, int) {};
 #endif
     // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
-    // back as two commit groups. The last block issues an unused S on a stale buffer (nothing
-    // refills it, or, persistent, the next tile's K may be landing there: the S is dropped either
-    // way): no branch around the wgmma groups.
+    // back as two commit groups. The last block issues an unused S (dropped) on its own K_kb, which
+    // stays put until this warpgroup's empty arrive: no branch around the wgmma groups, and no read
+    // of the next stage, which the producer may be filling (persistent: the next tile's K).
     auto issue_products = [&](int kb, const auto& pa) {
       const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
       const bool more = kb + 1 < n_kblocks;
+      const uint32_t sK_next = sK + (more ? nst : st) * Tr::kKBytes;
       sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
       if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
       if constexpr (!kTma) fence_proxy_async_smem();
@@ -966,14 +1008,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       wgmma_fence();
       if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
         if constexpr (TWO_LEVEL)
-          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, ob, pa,
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK_next, ob, pa,
                                                              sV + st * Tr::kVBytes, true);
         else
-          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK + nst * Tr::kKBytes, o, pa,
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK_next, o, pa,
                                                              sV + st * Tr::kVBytes, false);
         wgmma_commit();
       } else {
-        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + nst * Tr::kKBytes);
+        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK_next);
         wgmma_commit();
         if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
         else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
@@ -1124,14 +1166,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     }
     tile_stamp(3);
 #if SAGE_WG_TRACE >= 0
-    if (tile_tracer && it < 2) tile_blocks[it] = n_kblocks;
-    if (tracer) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      for (int i = 0; i < kTraceBlocks && kTraceFirst + i < n_kblocks; ++i)
-        printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", smid, wgi, kTraceFirst + i, trace[i][0], trace[i][1],
-               trace[i][2], trace[i][3], trace[i][4]);
-    }
+    if (tile_tracer && it < wg_trace::kTiles) trace_buf.tile_blocks[wgi][it] = n_kblocks;
+    if (tracer) trace_buf.block_count[wgi] = max(0, min(wg_trace::kBlocks, n_kblocks - wg_trace::kFirst));
 #endif
     if constexpr (PERSISTENT) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
     wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
@@ -1140,11 +1176,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   }
 #if SAGE_WG_TRACE >= 0
   if (tile_tracer) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    for (int i = 0; i < 2 && i < it; ++i)
-      printf("TRACE_TILE sm %u wg %d it %d nkb %d entry %u %u %u %u %u %u\n", smid, wgi, i, tile_blocks[i], trace_entry,
-             tile_trace[i][0], tile_trace[i][1], tile_trace[i][2], tile_trace[i][3], tile_trace[i][4]);
+    trace_buf.tile_count[wgi] = min(it, wg_trace::kTiles);
+    __threadfence();
+    trace_buf.written[wgi] = 1;
   }
 #endif
 #else
@@ -1155,24 +1189,52 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind PV, typename OutT,
           bool TWO_LEVEL = false>
 cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
+  // No key would ever land: the consumers would wait on K block 0 forever. The ops refuse empty K
+  // before this; the check keeps a direct caller from hanging the GPU.
+  if (p.kv_len <= 0) return cudaErrorInvalidValue;
   constexpr bool kTma = SAGE_WG_TMA && PV == PvKind::kFp8;
   constexpr int kVBytes = PV == PvKind::kFp8 ? 1 : 2;
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes>;
   std::conditional_t<kTma, WsTmaMaps, NoTmaMaps> maps;
   if constexpr (kTma) {
     const uint64_t bhq = static_cast<uint64_t>(p.batch) * p.q_heads, bhkv = static_cast<uint64_t>(p.batch) * p.kv_heads;
-    if (!sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ) ||
-        !sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N) ||
-        !sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM))
-      return cudaErrorNotSupported;  // the driver refused a tensor map
+    const struct {
+      const char* name;
+      CUresult result;
+    } encoded[] = {
+        {"Q", sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ)},
+        {"K", sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N)},
+        {"V^T", sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM)},
+    };
+    for (const auto& e : encoded) {
+      if (e.result != CUDA_SUCCESS) {  // a tuning build's launcher: say why on stderr, then fail the op
+        std::fprintf(stderr, "SAGE_WG_TMA: the tensor map of %s was refused (CUresult %d%s)\n", e.name,
+                     static_cast<int>(e.result),
+                     e.result == CUDA_ERROR_NOT_FOUND ? ": the driver has no cuTensorMapEncodeTiled" : "");
+        return cudaErrorNotSupported;
+      }
+    }
   }
-  if constexpr (SAGE_WG_PERSISTENT) {
-    if (!p.causal)
-      return launch_persistent<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>,
-                               WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>>(p, stream, maps);
+  // Persistent (a tuning knob) for non-causal calls only; the persistent kernel is instantiated
+  // only in builds that ask for it.
+  const auto launch = [&]() -> cudaError_t {
+    if constexpr (SAGE_WG_PERSISTENT) {
+      if (!p.causal)
+        return launch_persistent<
+            attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>,
+            WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>>(p, stream, maps);
+    }
+    return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
+                                    Tr>(p, stream, maps);
+  };
+  cudaError_t err = launch();
+#if SAGE_WG_TRACE >= 0
+  if (err == cudaSuccess) {
+    wg_trace::print_kernel<<<1, 1, 0, stream>>>();
+    err = cudaGetLastError();
   }
-  return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
-                                  Tr>(p, stream, maps);
+#endif
+  return err;
 }
 
 }  // namespace sage

@@ -8,7 +8,9 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>  // CUtensorMap and the driver entry point's type; no libcuda link
 
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
 
 namespace sage::sm90 {
 
@@ -34,27 +36,32 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 
 // ---- host ----
 
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none).
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none). Only a
+// found entry point is cached: a failed lookup is asked again on the next call.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
+  static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> cached{nullptr};
+  PFN_cuTensorMapEncodeTiled_v12000 fn = cached.load(std::memory_order_acquire);
+  if (fn != nullptr) return fn;
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    return nullptr;
+  fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  cached.store(fn, std::memory_order_release);
   return fn;
 }
 
 // A 3-D map of bytes [outer][rows][row_bytes] (row_bytes contiguous, then rows, then outer) read
 // as boxes of box_rows x box_row_bytes, swizzled as the wgmma tiles are: 128B for 128-byte box
-// rows, 64B for 64-byte ones. False if the driver refuses it (or has no TMA).
-inline bool encode_byte_map(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows, uint64_t outer,
-                            uint32_t box_row_bytes, uint32_t box_rows) {
+// rows, 64B for 64-byte ones. Returns the driver's result; CUDA_ERROR_NOT_FOUND when the driver
+// has no cuTensorMapEncodeTiled, CUDA_ERROR_INVALID_VALUE for a box row that is neither width.
+inline CUresult encode_byte_map(CUtensorMap* map, const void* base, uint64_t row_bytes, uint64_t rows,
+                                uint64_t outer, uint32_t box_row_bytes, uint32_t box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || (box_row_bytes != 64 && box_row_bytes != 128)) return false;
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (box_row_bytes != 64 && box_row_bytes != 128) return CUDA_ERROR_INVALID_VALUE;
   const cuuint64_t dims[3] = {row_bytes, rows, outer};
   const cuuint64_t strides[2] = {row_bytes, row_bytes * rows};  // bytes, dims 1 and 2
   const cuuint32_t box[3] = {box_row_bytes, box_rows, 1};
@@ -62,7 +69,7 @@ inline bool encode_byte_map(CUtensorMap* map, const void* base, uint64_t row_byt
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE,
                 box_row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 }  // namespace sage::sm90
