@@ -690,38 +690,41 @@ cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, c
                                     more...);
 }
 
-// Host side: the current device's SM count, asked once per device.
-inline cudaError_t sm_count_once(int* count) {
-  static int counts[64] = {};
+// Host side: a per-device value, asked of `query(dev, value)` until it first gives one > 0, then
+// read from `cache`.
+template <typename Query>
+cudaError_t once_per_device(int (&cache)[64], int* value, Query&& query) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev < 64 && counts[dev] > 0) {
-    *count = counts[dev];
+  if (dev < 64 && cache[dev] > 0) {
+    *value = cache[dev];
     return cudaSuccess;
   }
-  err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, dev);
-  if (err == cudaSuccess && dev < 64) counts[dev] = *count;
+  err = query(dev, value);
+  if (err == cudaSuccess && dev < 64) cache[dev] = *value;
   return err;
 }
 
+// Host side: the current device's SM count.
+inline cudaError_t sm_count_once(int* count) {
+  static int counts[64] = {};
+  return once_per_device(counts, count, [](int dev, int* c) {
+    return cudaDeviceGetAttribute(c, cudaDevAttrMultiProcessorCount, dev);
+  });
+}
+
 // Host side: how many CTAs of KERNEL (traits Tr: kThreads, kSmemBytes) fit on one SM of the current
-// device, asked of the occupancy calculator once per device (the traits' kMinBlocks is what the
-// register allocation leaves room for; shared memory can allow fewer).
+// device, from the occupancy calculator (the traits' kMinBlocks is what the register allocation
+// leaves room for; shared memory can allow fewer).
 template <auto KERNEL, typename Tr>
 cudaError_t resident_ctas_per_sm_once(int* count) {
   static int counts[64] = {};
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 64 && counts[dev] > 0) {
-    *count = counts[dev];
-    return cudaSuccess;
-  }
-  if ((err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes)) != cudaSuccess) return err;
-  err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(count, KERNEL, Tr::kThreads, Tr::kSmemBytes);
-  if (err == cudaSuccess && dev < 64) counts[dev] = *count;
-  return err;
+  return once_per_device(counts, count, [](int, int* c) {
+    const cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
+    return err != cudaSuccess ? err
+                              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(c, KERNEL, Tr::kThreads, Tr::kSmemBytes);
+  });
 }
 
 // Host side: launch a persistent KERNEL (traits Tr: kCtaQ, kThreads, kSmemBytes): as many CTAs as
