@@ -1126,8 +1126,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
             wg::softmax_probs_of<BLOCK_N, kMask, false>(s_i, blk, m_run, l_run, alpha, sf);
             wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
           }
-          if constexpr (TWO_LEVEL) add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
-          else wg::rescale<HEAD_DIM>(o, alpha);
+          if constexpr (TWO_LEVEL) {
+            add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
+          } else {
+            wg::rescale<HEAD_DIM>(o, alpha);
+            // Without it the front end hoists both arms' identical rescales into the join block
+            // (seen in the PTX: 64 mul.f32 there, 4 per arm), away from the EX2s they should fill.
+            wgmma_pin(o);
+          }
         });
         if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
         stamp(kb, 1);
