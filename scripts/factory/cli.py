@@ -4,6 +4,7 @@
     python -m scripts.factory plan  (--sm sm75 | --cell ID)
     python -m scripts.factory build (--sm sm75 | --cell ID) [--no-repair] [--jobs N]
     python -m scripts.factory check WHEEL...
+    python -m scripts.factory ptxas [--family F ...] [--sm XY ...] [-D NAME[=VALUE]] [--strict]
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("matrix", help="validate build_matrix.yaml / print cells (see --help)",
                    add_help=False)
+    sub.add_parser("ptxas", help="registers, spills and ptxas performance notes per kernel "
+                                 "(see --help)", add_help=False)
     for name, help_text in (("plan", "print what would be built and why cells are skipped"),
                             ("build", "build (and repair and check) wheels")):
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -111,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["matrix"]:
         return matrix_module.main(argv[1:])
+    if argv[:1] == ["ptxas"]:
+        from . import ptxas
+        return ptxas.main(argv[1:])
     args = build_parser().parse_args(argv)
     handler = {"plan": _cmd_plan, "build": _cmd_build, "check": _cmd_check}[args.command]
     try:

@@ -1,0 +1,95 @@
+"""scripts.factory.ptxas: parsing ptxas -v, and --strict as the guard CI runs on the Hopper kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.factory import ptxas
+from scripts.factory.errors import ToolchainError
+
+A = "_ZN4sage20attn_wgmma_ws_kernelILi128ELb0EEEvNS_10AttnParamsE"
+B = "_ZN4sage20attn_wgmma_ws_kernelILi128ELb1EEEvNS_10AttnParamsE"
+Q = "_ZN4sage17quant_int8_kernelI6__halfLi2ELb1EEEvNS_15QuantInt8ParamsE"
+
+# The shape of nvcc 13.0's output for a trace build whose printf serialized the wgmmas (the
+# performance notes come first and name their function), trimmed to three kernels.
+PTXAS_OUTPUT = f"""\
+ptxas info    : 873 bytes gmem
+ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to wgmma pipeline crossing function boundary at a function call in the function '{B}'
+ptxas info    : Compiling entry function '{A}' for 'sm_90a'
+ptxas info    : Function properties for {A}
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers
+ptxas info    : Compile time = 208.527 ms
+ptxas info    : Compiling entry function '{B}' for 'sm_90a'
+ptxas info    : Function properties for {B}
+    400 bytes stack frame, 36 bytes spill stores, 44 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 400 bytes cumulative stack size
+ptxas info    : Compiling entry function '{Q}' for 'sm_90a'
+ptxas info    : Function properties for {Q}
+    32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 48 registers, used 0 barriers, 32 bytes cumulative stack size
+ptxas /tmp/tmpxft_1.ptx, line 12; warning : Unknown option ignored
+"""
+
+
+def test_parse_attaches_each_figure_and_note_to_its_kernel():
+    kernels, loose = ptxas.parse_ptxas(PTXAS_OUTPUT, "sm90_fp8", "attn_hd128.cu")
+    by_name = {k.name: k for k in kernels}
+    assert list(by_name) == [A, B, Q]
+    a, b, q = by_name[A], by_name[B], by_name[Q]
+    assert (a.registers, a.stack, a.spill_stores, a.spill_loads, a.notes) == (168, 0, 0, 0, [])
+    assert a.problems() == [] and a.target == "sm_90a" and a.family == "sm90_fp8"
+    assert (b.stack, b.spill_stores, b.spill_loads) == (400, 36, 44)
+    assert len(b.notes) == 1 and b.notes[0].startswith("C7510 Potential Performance Loss: wgmma")
+    assert b.problems()[:3] == ["36 bytes spill stores", "44 bytes spill loads", "400 bytes stack frame"]
+    assert q.problems() == ["32 bytes stack frame", "warning: Unknown option ignored"]
+    assert loose == []
+
+
+def test_a_note_naming_no_compiled_kernel_is_kept_loose():
+    text = ("ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized in the function '_Zmissing'\n")
+    kernels, loose = ptxas.parse_ptxas(text, "sm90", "x.cu")
+    assert kernels == [] and len(loose) == 1 and "C7510" in loose[0]
+
+
+def _fake_report(monkeypatch, text):
+    kernels, loose = ptxas.parse_ptxas(text, "sm90_fp8", "attn_hd128.cu")
+    monkeypatch.setattr(ptxas, "report", lambda *a, **k: (kernels, loose))
+    monkeypatch.setattr(ptxas, "short_name", lambda name: name)
+
+
+def test_strict_fails_on_a_spill_or_a_note_and_passes_a_clean_selection(monkeypatch, capsys):
+    _fake_report(monkeypatch, PTXAS_OUTPUT)
+    assert ptxas.main(["--family", "sm90_fp8"]) == 0  # without --strict it only reports
+    assert ptxas.main(["--family", "sm90_fp8", "--strict"]) == 1
+    out = capsys.readouterr().out
+    assert "3 kernels, 2 with spills, a stack frame or a performance note (sm90_fp8)" in out
+    assert ptxas.main(["--strict", "--kernel", "Lb0EE"]) == 0  # kernel A alone is clean
+    assert "1 kernels, 0 with" in capsys.readouterr().out
+    assert ptxas.main(["--strict", "--kernel", "no_such_kernel"]) == 2
+
+
+def test_json_lists_every_kernel(monkeypatch, tmp_path):
+    import json
+
+    _fake_report(monkeypatch, PTXAS_OUTPUT)
+    assert ptxas.main(["--json", str(tmp_path / "k.json")]) == 0
+    rows = json.loads((tmp_path / "k.json").read_text())
+    assert [r["name"] for r in rows] == [A, B, Q] and rows[1]["spill_stores"] == 36
+
+
+def test_unknown_family_is_a_clear_error():
+    with pytest.raises(ToolchainError, match="unknown family sm99; families: sm75, sm80"):
+        ptxas.report(["sm99"])
+    assert ptxas.main(["--family", "sm99"]) == 2
+
+
+def test_it_is_a_factory_subcommand(capsys):
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["ptxas", "--help"])
+    assert exc.value.code == 0
+    assert "--strict" in capsys.readouterr().out
