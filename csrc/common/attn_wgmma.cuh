@@ -68,6 +68,13 @@ namespace sage {
 // on the same values, so the results do not change; the rescale is never skipped.
 #define SAGE_WG_FUSED_UPDATE 0
 #endif
+#ifndef SAGE_WG_EARLY_PRESET
+// With SAGE_WG_FUSED_UPDATE: the next S's accumulators are preset to the score bias (one move per
+// score) inside the mask arm, right after P is packed, where ptxas can put the moves between the
+// MUFU.EX2s, instead of between the K/V wait and the products' wgmmas, where (shipped SASS, two-level
+// FP8 d=128) 64 moves per thread delay the first wgmma.
+#define SAGE_WG_EARLY_PRESET 0
+#endif
 #ifndef SAGE_WG_TMA
 // WS kernel with FP8 P.V: Q, K and V^T come by the bulk tensor copy engine (sm90_tma.cuh), one
 // producer thread issuing a copy per tile, instead of cp.async by the producer's 128 threads.
@@ -995,7 +1002,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     // back as two commit groups. The last block issues an unused S (dropped) on its own K_kb, which
     // stays put until this warpgroup's empty arrive: no branch around the wgmma groups, and no read
     // of the next stage, which the producer may be filling (persistent: the next tile's K).
-    auto issue_products = [&](int kb, const auto& pa) {
+    // s_preset: true when the arm already preset S (SAGE_WG_EARLY_PRESET).
+    auto issue_products = [&](int kb, const auto& pa, auto s_preset) {
       const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
       const bool more = kb + 1 < n_kblocks;
       const uint32_t sK_next = sK + (more ? nst : st) * Tr::kKBytes;
@@ -1004,7 +1012,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       if constexpr (!kTma) fence_proxy_async_smem();
       stamp(kb, 4);
       if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
-      wg::preset_scores<BLOCK_N>(s_i);
+      if constexpr (!decltype(s_preset)::value) wg::preset_scores<BLOCK_N>(s_i);
       wgmma_fence();
       if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
         if constexpr (TWO_LEVEL)
@@ -1062,7 +1070,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     for (int kb = 0; kb < n_kblocks; ++kb) {
       const bool more = kb + 1 < n_kblocks;
       stamp(kb, 0);
-      issue_products(kb, pa);
+      issue_products(kb, pa, std::false_type{});
       stamp(kb, 1);
       blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
       wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
@@ -1134,10 +1142,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
             // (seen in the PTX: 64 mul.f32 there, 4 per arm), away from the EX2s they should fill.
             wgmma_pin(o);
           }
+          if constexpr (SAGE_WG_EARLY_PRESET) {  // S was read into sf; P is packed: sf is dead
+            wg::preset_scores<BLOCK_N>(s_i);
+            wgmma_pin(s_i);  // as the rescale: keep both arms' presets in the arms
+          }
         });
         if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
         stamp(kb, 1);
-        issue_products(kb, pa);
+        issue_products(kb, pa, std::bool_constant<SAGE_WG_EARLY_PRESET != 0>{});
       } else if constexpr (kFp8) {
         float sf[BLOCK_N / 2];
         wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
@@ -1145,13 +1157,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         wg::pack_p8_frags<BLOCK_N>(sf, pa);
         if constexpr (!TWO_LEVEL) rescale_o(alpha);
         stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
-        issue_products(kb, pa);
+        issue_products(kb, pa, std::false_type{});
       } else {
         uint32_t pa[BLOCK_N / 16][4];
         wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
         rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
         stamp(kb, 1);
-        issue_products(kb, pa);
+        issue_products(kb, pa, std::false_type{});
       }
       stamp(kb, 2);  // products issued
 #if SAGE_WG_KS_PREFETCH
