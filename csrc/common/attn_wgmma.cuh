@@ -86,6 +86,10 @@ namespace sage {
 // finish the current tile, instead of every tile paying a CTA launch and a cold start. Causal
 // calls keep a CTA per tile: their tiles' work differs, and the hardware's dynamic placement
 // balances it where a fixed stride over the tiles would not (at n=1024, 2x between CTAs).
+// 2: every call, causal too, with a dynamic tile scheduler: the producer takes the CTA's next tile
+// from a per-call atomic counter (in the order a CTA per tile would run: causal heaviest query
+// block first within each head) and hands it to the consumers in a shared-memory slot beside its
+// Q buffer; the tile after the last is -1, which ends both roles.
 #define SAGE_WG_PERSISTENT 0
 #endif
 #ifndef SAGE_WG_WS_OVERLAP
@@ -742,8 +746,10 @@ struct WgmmaWsTraits {
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
   static constexpr int kVBytes = BLOCK_N * HEAD_DIM * V_BYTES;
   static constexpr int kQStages = PERSISTENT ? 2 : 1;  // Q buffers
-  // full K, full V, empty per K/V stage; full and empty per Q buffer
-  static constexpr int kBarBytes = (3 * STAGES + 2 * kQStages) * 8;
+  // full K, full V, empty per K/V stage; full and empty per Q buffer; then (persistent) the tile of
+  // each Q buffer (int64, the dynamic scheduler's hand-over)
+  static constexpr int kTileSlotOffset = (3 * STAGES + 2 * kQStages) * 8;
+  static constexpr int kBarBytes = kTileSlotOffset + (PERSISTENT ? 8 * kQStages : 0);
   static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
   static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
@@ -812,7 +818,8 @@ template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind P
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p,
                          const __grid_constant__ std::conditional_t<SAGE_WG_TMA && PV == PvKind::kFp8, WsTmaMaps,
-                                                                    NoTmaMaps> maps) {
+                                                                    NoTmaMaps> maps,
+                         unsigned long long* tile_counter) {  // SAGE_WG_PERSISTENT 2: zeroed per call
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
   constexpr bool kTma = SAGE_WG_TMA && kFp8;  // the copy engine fills Q, K and V^T
@@ -821,6 +828,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
   static_assert(!PERSISTENT || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
+  constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
+  constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -832,6 +841,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
   auto full_q = [&](int qs) { return bars + 8 * (3 * STAGES + qs); };
   auto q_empty = [&](int qs) { return bars + 8 * (3 * STAGES + Tr::kQStages + qs); };
+  // the tile whose Q is in buffer qs (dynamic scheduler; written by producer thread 0)
+  auto tile_slot = [&](int qs) -> volatile int64_t& {
+    return *reinterpret_cast<volatile int64_t*>(smem_raw + (bars - smem_u32(smem_raw)) + Tr::kTileSlotOffset + 8 * qs);
+  };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = warp >> 2;
@@ -839,8 +852,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   const uint32_t trace_entry = clock();
 #endif
   // The CTA's tiles: its place in the grid, or (persistent) every gridDim.x-th tile from
-  // blockIdx.x. Both roles walk them in the same order, and count the K blocks of the tiles before
-  // (g0): the ring's stage and phase of block kb are those of block g0 + kb.
+  // blockIdx.x, or (dynamic) those the producer takes from tile_counter. Both roles walk them in
+  // the same order, and count the K blocks of the tiles before (g0): the ring's stage and phase of
+  // block kb are those of block g0 + kb.
   const int n_qblocks = (p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ;
   const int64_t n_tiles = PERSISTENT ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
   const int64_t first_tile = PERSISTENT ? blockIdx.x : 0, tile_step = PERSISTENT ? gridDim.x : 1;
@@ -856,7 +870,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::mbar_init(empty(st), Tr::kConsumers);
     }
     for (int qs = 0; qs < Tr::kQStages; ++qs) {
-      sm90::mbar_init(full_q(qs), kTma ? 1 : 128);
+      // dynamic, cp.async: also producer thread 0's plain arrive, which releases the tile slot
+      sm90::mbar_init(full_q(qs), kTma ? 1 : kDynamic ? 129 : 128);
       sm90::mbar_init(q_empty(qs), Tr::kConsumers);
     }
     if constexpr (kTma) sm90::mbar_init_fence();
@@ -873,11 +888,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::tma_prefetch_map(&maps.vt);
     }
     int g0 = 0, it = 0;
-    for (int64_t tile = first_tile; tile < n_tiles; tile += tile_step, ++it) {
-      const CtaTile cta = tile_at(tile);
-      const int qs = it % Tr::kQStages, n_kblocks = cta.n_kblocks;
-      const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
+    for (int64_t tile = first_tile; kDynamic || tile < n_tiles; tile += tile_step, ++it) {
+      const int qs = it % Tr::kQStages;
       if (it >= Tr::kQStages) sm90::mbar_wait(q_empty(qs), (it / Tr::kQStages - 1) & 1);  // its last QK is done
+      if constexpr (kDynamic) {
+        if (ptid == 0) {
+          const unsigned long long next = atomicAdd(tile_counter, 1ull);
+          tile_slot(qs) = next < static_cast<unsigned long long>(n_tiles) ? static_cast<int64_t>(next) : -1;
+          if constexpr (!kTma) sm90::mbar_arrive(full_q(qs));  // releases the slot to the consumers
+        }
+        if constexpr (!kTma) sm90::named_sync(kProducerBarrier, 128);  // the other producer threads read it
+        tile = tile_slot(qs);
+        if (tile < 0) {  // no tile left: the consumers see -1 in the slot and stop too
+          // every producer thread still in the loop (TMA: thread 0, whose arrival is the phase;
+          // cp.async: all 128, which with thread 0's slot arrival make the 129)
+          sm90::mbar_arrive(full_q(qs));
+          break;
+        }
+      }
+      const CtaTile cta = tile_at(tile);
+      const int n_kblocks = cta.n_kblocks;
+      const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
       // K/V block kb goes to stage (g0 + kb) % STAGES once that stage's last reader is done
       auto wait_stage = [&](int kb) {
         const int gb = g0 + kb;
@@ -944,8 +975,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #else
   auto tile_stamp = [](int) {};
 #endif
-  for (int64_t tile = first_tile; tile < n_tiles; tile += tile_step, ++it) {
+  for (int64_t tile = first_tile; kDynamic || tile < n_tiles; tile += tile_step, ++it) {
     tile_stamp(0);
+    if constexpr (kDynamic) {
+      sm90::mbar_wait(full_q(it % Tr::kQStages), (it / Tr::kQStages) & 1);  // Q landed, the slot written
+      tile = tile_slot(it % Tr::kQStages);
+      if (tile < 0) break;
+    }
     const CtaTile cta = tile_at(tile);
     const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
     const int64_t bh = cta.bh, bhkv = cta.bhkv;
@@ -970,7 +1006,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     }
 
     int32_t s_i[BLOCK_N / 2];
-    sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
+    if constexpr (!kDynamic) sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
     sm90::mbar_wait(full_k(g0 % STAGES), (g0 / STAGES) & 1);
     tile_stamp(1);
     if constexpr (!kTma) fence_proxy_async_smem();  // cp.async data -> the tensor cores' (async proxy) reads
@@ -1233,17 +1269,29 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
       }
     }
   }
-  // Persistent (a tuning knob) for non-causal calls only; the persistent kernel is instantiated
-  // only in builds that ask for it.
+  // Persistent (a tuning knob): 1 for non-causal calls, 2 (dynamic tile scheduler) for every call;
+  // the persistent kernel is instantiated only in builds that ask for it.
   const auto launch = [&]() -> cudaError_t {
-    if constexpr (SAGE_WG_PERSISTENT) {
-      if (!p.causal)
-        return launch_persistent<
-            attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>,
-            WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>>(p, stream, maps);
+    if constexpr (SAGE_WG_PERSISTENT != 0) {
+      using Kernel = decltype(&attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>);
+      constexpr Kernel kPersistent =
+          attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>;
+      using PTr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>;
+      if constexpr (SAGE_WG_PERSISTENT == 2) {
+        // The tile counter: per call, stream-ordered (capturable), freed once the kernel is done.
+        unsigned long long* counter = nullptr;
+        cudaError_t err = cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof(*counter), stream);
+        if (err != cudaSuccess) return err;
+        err = cudaMemsetAsync(counter, 0, sizeof(*counter), stream);
+        if (err == cudaSuccess) err = launch_persistent<kPersistent, PTr>(p, stream, maps, counter);
+        const cudaError_t freed = cudaFreeAsync(counter, stream);
+        return err != cudaSuccess ? err : freed;
+      } else if (!p.causal) {
+        return launch_persistent<kPersistent, PTr>(p, stream, maps, static_cast<unsigned long long*>(nullptr));
+      }
     }
     return launch_over_query_blocks<attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL>,
-                                    Tr>(p, stream, maps);
+                                    Tr>(p, stream, maps, static_cast<unsigned long long*>(nullptr));
   };
   cudaError_t err = launch();
 #if SAGE_WG_TRACE >= 0
