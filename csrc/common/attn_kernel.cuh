@@ -13,6 +13,7 @@
 // (perm16 in quant_kernels.cuh), so the sum over k is unchanged.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <cuda_bf16.h>
@@ -656,20 +657,36 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     }
 }
 
-// Raises KERNEL's dynamic shared-memory limit once per device (not per call: keeps graph capture
-// free of non-stream API calls after the first use). Host side; one flag set per kernel.
-template <auto KERNEL>
-cudaError_t raise_smem_limit_once(int smem_bytes) {
-  static bool configured[64] = {};
+// Host side: a per-device value, asked of `query(dev, value)` until it first gives one > 0, then
+// read from `cache` (atomics: two host threads may drive two devices or streams at once).
+template <typename Query>
+cudaError_t once_per_device(std::atomic<int> (&cache)[64], int* value, Query&& query) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
-  if (dev >= 64 || !configured[dev]) {
-    err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return err;
-    if (dev < 64) configured[dev] = true;
+  if (dev < 64) {
+    const int cached = cache[dev].load(std::memory_order_acquire);
+    if (cached > 0) {
+      *value = cached;
+      return cudaSuccess;
+    }
   }
-  return cudaSuccess;
+  err = query(dev, value);
+  if (err == cudaSuccess && dev < 64 && *value > 0) cache[dev].store(*value, std::memory_order_release);
+  return err;
+}
+
+// Raises KERNEL's dynamic shared-memory limit once per device (not per call: keeps graph capture
+// free of non-stream API calls after the first use). Host side; one flag per kernel and device.
+template <auto KERNEL>
+cudaError_t raise_smem_limit_once(int smem_bytes) {
+  static std::atomic<int> configured[64];  // static storage: zero-initialised
+  int done = 0;
+  return once_per_device(configured, &done, [smem_bytes](int, int* flag) {
+    const cudaError_t err = cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    *flag = err == cudaSuccess;
+    return err;
+  });
 }
 
 // Host side: launch KERNEL (traits Tr: kThreads, kSmemBytes) on `grid`, with the kernel's
@@ -690,25 +707,9 @@ cudaError_t launch_over_query_blocks(const AttnParams& p, cudaStream_t stream, c
                                     more...);
 }
 
-// Host side: a per-device value, asked of `query(dev, value)` until it first gives one > 0, then
-// read from `cache`.
-template <typename Query>
-cudaError_t once_per_device(int (&cache)[64], int* value, Query&& query) {
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return err;
-  if (dev < 64 && cache[dev] > 0) {
-    *value = cache[dev];
-    return cudaSuccess;
-  }
-  err = query(dev, value);
-  if (err == cudaSuccess && dev < 64) cache[dev] = *value;
-  return err;
-}
-
 // Host side: the current device's SM count.
 inline cudaError_t sm_count_once(int* count) {
-  static int counts[64] = {};
+  static std::atomic<int> counts[64];
   return once_per_device(counts, count, [](int dev, int* c) {
     return cudaDeviceGetAttribute(c, cudaDevAttrMultiProcessorCount, dev);
   });
@@ -719,7 +720,7 @@ inline cudaError_t sm_count_once(int* count) {
 // leaves room for; shared memory can allow fewer).
 template <auto KERNEL, typename Tr>
 cudaError_t resident_ctas_per_sm_once(int* count) {
-  static int counts[64] = {};
+  static std::atomic<int> counts[64];
   return once_per_device(counts, count, [](int, int* c) {
     const cudaError_t err = raise_smem_limit_once<KERNEL>(Tr::kSmemBytes);
     return err != cudaSuccess ? err
