@@ -284,6 +284,52 @@ def _print_timing(rows, labels) -> None:
         print(f"geomean speed-up over SDPA, {lab}: {gm:.2f}x")
 
 
+# A wgmma tuning variant built as the sm80 / sm89 family runs the shipped Hopper families' kernel
+# with other knobs: its baseline is that family's kernel in the default build.
+BASELINE_OF = {"sm89-fp32+fp32": "sm90_fp8-fp32+fp32", "sm89-fp32": "sm90_fp8-fp32", "sm80-fp32": "sm90-fp32"}
+
+
+def variant_summary(default_rows: list[dict], variants: dict[str, dict]) -> str:
+    """The decision table of a tuning call: per variant and case, the default build's time over the
+    variant's for the same kernel (or its BASELINE_OF), their geomean, and the variant's ACCURACY
+    verdict (a timing without "ok" does not count). variants: name -> that variant's native_dev.json
+    ({} when it wrote none: killed or failed to build)."""
+    import math
+
+    def key(r):
+        return (r["dtype"], r["b"], r["h"], r["n"], r["d"], r["causal"])
+
+    base = {key(r): r for r in default_rows}
+    cases = [key(r) for r in default_rows]
+    names = [f"{b}x{h}x{n}x{d}{' c' if c else ''}" for _, b, h, n, d, c in cases]
+    lines = ["== variants against the default build (default time / variant time, same case and kernel; "
+             "separate processes, so about 1-2% is noise)",
+             f"{'variant':10} {'kernel':33} " + " ".join(f"{n:>15}" for n in names) + f" {'geomean':>8}  accuracy"]
+    for name, res in variants.items():
+        verdict = ("ok" if accuracy_verdict(res["accuracy"]).startswith("ACCURACY ok") else "FAILED") \
+            if res.get("accuracy") else "none"
+        rows = {key(r): r for r in res.get("timing", [])}
+        labels = sorted({k[:-len("_ms")] for r in rows.values() for k in r if k.endswith("_ms") and k != "sdpa_ms"})
+        if not labels:
+            lines.append(f"{name:10} {'(no timing)':33} " + " ".join(f"{'-':>15}" for _ in names) +
+                         f" {'-':>8}  {verdict}")
+        for label in labels:
+            ref = label if any(f"{label}_ms" in r for r in default_rows) else BASELINE_OF.get(label)
+            cells, ratios = [], []
+            for c in cases:
+                v, d = rows.get(c), base.get(c)
+                if v is None or d is None or ref is None or f"{ref}_ms" not in d or f"{label}_ms" not in v:
+                    cells.append(f"{'-':>15}")
+                    continue
+                ratio = d[f"{ref}_ms"] / v[f"{label}_ms"]
+                ratios.append(ratio)
+                cells.append(f"{ratio:.3f} ({v[label + '_tops']:.0f})".rjust(15))
+            gm = f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):8.3f}" if ratios else f"{'-':>8}"
+            shown = label if ref == label else f"{label}/{ref}"
+            lines.append(f"{name:10} {shown:33} " + " ".join(cells) + f" {gm}  {verdict}")
+    return "\n".join(lines) + "\n"
+
+
 def render_markdown(results: dict, source: str) -> str:
     """The timing rows of a native_dev.json as a markdown table, with design.md's upstream 1.0.6
     Triton column (fp16) and, per label, the share of it reached."""
@@ -438,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         results.setdefault("variants", {})[name] = {"family": family_of[name], "defines": defines, "csrc": str(tree),
                                                     "rc": rc}
     (out / "native_dev.json").write_text(json.dumps(results, indent=1))
+    if variants and results.get("timing"):
+        found = {}
+        for name in variants:
+            path = out / f"variant_{name}" / "native_dev.json"
+            found[name] = json.loads(path.read_text()) if path.is_file() else {}
+        print(variant_summary(results["timing"], found), end="")
     return 0
 
 

@@ -2,7 +2,9 @@
 # One native-kernel tuning call on the GPU runner: build the native families from csrc/ (and each
 # sm80 tile variant, in parallel), check and time them on the chosen cases, then show where the
 # default build's time goes (torch.profiler per kernel, ncu stall reasons). Logs and JSON packed
-# into $OUT/tune.tgz (the transfer back takes few files); a short table printed last.
+# into $OUT/tune.tgz (the transfer back takes few files); a short table printed last, then each
+# variant against the default build (gpu_dev_native.variant_summary: time ratios per case, geomean,
+# ACCURACY verdict).
 #
 #   VARIANTS=$'mt1=-DSAGE_HD64_MT=1 -DSAGE_HD64_WARPS=8\nqreg=-DSAGE_HD64_QREG=1' \
 #   CASES=4x32x4096x128,4x32x4096x64 LABELS=sm80-fp32 NCU=1 bash benchmarks/gpu_dev_tune.sh
@@ -77,5 +79,7 @@ fi
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
 tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
 tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70
+# the variants against the default build, one table (gpu_dev_native.variant_summary)
+tar -xzOf "$OUT/tune.tgz" ./native.log | sed -n '/^== variants against the default build/,$p'
 [ "${RATE:-0}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./wgmma_rate.log | tail -n 40
 exit 0

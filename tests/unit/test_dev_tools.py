@@ -179,3 +179,32 @@ def test_generated_wgmma_wrappers_are_what_the_generator_writes(tmp_path, monkey
     for name in ("wgmma_m64n128k32_s8", "wgmma_m64n128k16_f16_rs", "wgmma_m64n128k16_bf16_ss",
                  "wgmma_m64n64k32_e4m3_rs", "wgmma_m64n128k32_e4m3_rs"):
         assert f"void {name}(" in committed, name
+
+
+def test_variant_summary_is_the_decision_table():
+    native = _load("gpu_dev_native")
+
+    def row(n, causal, **ms):
+        r = {"dtype": "float16", "b": 4, "h": 32, "n": n, "d": 128, "causal": causal}
+        for label, t in ms.items():
+            r[f"{label}_ms"], r[f"{label}_tops"] = t, 100.0 / t
+        return r
+    default = [row(4096, False, **{"sm90_fp8-fp32+fp32": 2.0, "sm90-fp32": 3.0}),
+               row(1024, False, **{"sm90_fp8-fp32+fp32": 1.0, "sm90-fp32": 1.5})]
+    ok = [{"finite": True, "cos_reference": 1.0, "kernel": "x", "n": 1, "d": 1, "causal": False}]
+    bad = [dict(ok[0], cos_reference=0.9)]
+    variants = {
+        "fe8": {"accuracy": ok, "timing": [row(4096, False, **{"sm90_fp8-fp32+fp32": 1.6}),
+                                           row(1024, False, **{"sm90_fp8-fp32+fp32": 1.25})]},
+        "pp8": {"accuracy": bad, "timing": [row(4096, False, **{"sm89-fp32+fp32": 2.5})]},
+        "dead": {},
+    }
+    text = native.variant_summary(default, variants)
+    lines = {line.split()[0]: line for line in text.splitlines()[2:]}
+    fe8 = lines["fe8"].split()
+    assert fe8[1] == "sm90_fp8-fp32+fp32" and fe8[2] == "1.250" and fe8[4] == "0.800"
+    assert fe8[-2] == "1.000" and fe8[-1] == "ok"  # geomean of 1.25 and 0.8
+    pp8 = lines["pp8"].split()  # an sm89 tuning variant is held against the shipped sm90_fp8 kernel
+    assert pp8[1].startswith("sm89-fp32+fp32/sm90_fp8") and pp8[2] == "0.800" and pp8[-1] == "FAILED"
+    assert "-" in lines["dead"] and lines["dead"].split()[-1] == "none"
+    assert "4x32x4096x128" in text.splitlines()[1] and "4x32x1024x128" in text.splitlines()[1]
