@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import re
 import shutil
@@ -98,6 +99,7 @@ def parse_ptxas(text: str, family: str, source: str) -> tuple[list[Kernel], list
     return list(kernels.values()), loose
 
 
+@functools.lru_cache(maxsize=None)
 def short_name(mangled: str) -> str:
     """A readable kernel name: c++filt's demangling without the namespace and parameter list."""
     filt = shutil.which("c++filt")
