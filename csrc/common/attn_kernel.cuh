@@ -125,11 +125,19 @@ struct CtaTile {
   // The tile of this CTA's place in the (query blocks, q heads, batch) grid.
   __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k)
       : CtaTile(p, cta_q, block_k, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x) {}
-  // Tile `tile` of all n_qblocks * q_heads * batch in that order (a persistent CTA's tiles).
-  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k, int64_t tile, int n_qblocks)
-      : CtaTile(p, cta_q, block_k, static_cast<int>(tile % n_qblocks),
-                static_cast<int>(tile / n_qblocks % p.q_heads), static_cast<int>(tile / n_qblocks / p.q_heads),
-                n_qblocks) {}
+  // Tile `tile` of all n_qblocks * q_heads * batch (a persistent CTA's tiles): query blocks
+  // fastest, then heads, then batches; qblock_major: query blocks slowest, then batches, then heads.
+  __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k, int64_t tile, int n_qblocks,
+                                     bool qblock_major)
+      : CtaTile(p, cta_q, block_k,
+                static_cast<int>(qblock_major ? tile / (static_cast<int64_t>(p.q_heads) * p.batch) : tile % n_qblocks),
+                static_cast<int>(head_batch_of(p, tile, n_qblocks, qblock_major) % p.q_heads),
+                static_cast<int>(head_batch_of(p, tile, n_qblocks, qblock_major) / p.q_heads), n_qblocks) {}
+  // The (batch, q head) index, batch * q_heads + head, of linear tile `tile` (as above).
+  __device__ __forceinline__ static int64_t head_batch_of(const AttnParams& p, int64_t tile, int n_qblocks,
+                                                          bool qblock_major) {
+    return qblock_major ? tile % (static_cast<int64_t>(p.q_heads) * p.batch) : tile / n_qblocks;
+  }
   // Causal: the last query blocks (the most keys) come first.
   __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k, int qblk_in_order, int head,
                                      int batch, int n_qblocks) {

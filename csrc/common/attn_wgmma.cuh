@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <type_traits>
 
 #include "attn_kernel.cuh"
@@ -869,15 +870,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   const int64_t n_tiles = PERSISTENT ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
   const int64_t first_tile = PERSISTENT ? blockIdx.x : 0, tile_step = PERSISTENT ? gridDim.x : 1;
   auto tile_at = [&](int64_t tile) {
-    if constexpr (!PERSISTENT) {
-      return CtaTile(p, Tr::kCtaQ, BLOCK_N);
-    } else if constexpr (SAGE_WG_TILE_ORDER == 1) {
-      const int64_t heads = static_cast<int64_t>(p.q_heads) * p.batch, bh = tile % heads;
-      return CtaTile(p, Tr::kCtaQ, BLOCK_N, static_cast<int>(tile / heads), static_cast<int>(bh % p.q_heads),
-                     static_cast<int>(bh / p.q_heads), n_qblocks);
-    } else {
-      return CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks);
-    }
+    return PERSISTENT ? CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks, SAGE_WG_TILE_ORDER == 1)
+                      : CtaTile(p, Tr::kCtaQ, BLOCK_N);
   };
 
   if (tid == 0) {
@@ -995,15 +989,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #endif
   for (int64_t tile = first_tile; kDynamic || tile < n_tiles; tile += tile_step, ++it) {
     tile_stamp(0);
+    const int qs = it % Tr::kQStages;
     if constexpr (kDynamic) {
-      sm90::mbar_wait(full_q(it % Tr::kQStages), (it / Tr::kQStages) & 1);  // Q landed, the slot written
-      tile = tile_slot(it % Tr::kQStages);
+      sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);  // Q landed, the slot written
+      tile = tile_slot(qs);
       if (tile < 0) break;
     }
     const CtaTile cta = tile_at(tile);
     const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
     const int64_t bh = cta.bh, bhkv = cta.bhkv;
-    const int qs = it % Tr::kQStages;
     const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
     const int row0 = q0 + wgi * 64 + wq * 16;  // the warp's first query row
     const wg::ThreadScales sc(p, bh, bhkv, row0, g, t);
@@ -1321,9 +1315,7 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
   // the persistent kernel is instantiated only in builds that ask for it.
   const auto launch = [&]() -> cudaError_t {
     if constexpr (SAGE_WG_PERSISTENT != 0) {
-      using Kernel = decltype(&attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>);
-      constexpr Kernel kPersistent =
-          attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>;
+      constexpr auto kPersistent = &attn_wgmma_ws_kernel<HEAD_DIM, NWG, BLOCK_N, STAGES, PINGPONG, PV, OutT, TWO_LEVEL, true>;
       using PTr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes, true>;
       if constexpr (SAGE_WG_PERSISTENT == 2) {
         // The tile counter: per call, stream-ordered (capturable), from a pool of our own that

@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
 
 namespace sage::sm90 {
 
