@@ -86,6 +86,12 @@ def test_unknown_family_is_a_clear_error():
     assert ptxas.main(["--family", "sm99"]) == 2
 
 
+def test_an_sm_no_chosen_family_serves_is_a_clear_error(tmp_path):
+    # raised before anything is compiled, so no real nvcc is needed
+    with pytest.raises(ToolchainError, match="none of sm90_fp8 serves sm75"):
+        ptxas.report(["sm90_fp8"], [75], nvcc=tmp_path / "nvcc")
+
+
 def test_it_is_a_factory_subcommand(capsys):
     from scripts.factory import cli
 
