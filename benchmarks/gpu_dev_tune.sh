@@ -25,7 +25,8 @@
 # with their own tiles; VARIANT_TESTS runs tests/gpu/test_native_sm80_sm89.py -k VARIANT_TESTS_K,
 # default sm80), RATE (1: also build and run benchmarks/gpu_dev_wgmma_rate.cu, sm_90a, within
 # LIMIT_RATE seconds, default 120; its output is printed last), VARIANT_TIMEOUT (seconds each
-# variant's check and timing may take before it is killed, default 150: a hang costs one variant).
+# variant's check and timing may take before it is killed, default 150: a hang costs one variant),
+# MMA_PEAK (0: skip the mma.sync ceiling at the start).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -40,7 +41,8 @@ while IFS= read -r v; do [ -n "$v" ] && variant_args+=(--variant-family "$v"); d
 
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm --format=csv,noheader
 # the mma.sync ceiling every native family lives under on this GPU
-timeout 120 python3 benchmarks/gpu_dev_mma_peak.py --json "$OUT/mma_peak.json" >"$OUT/mma_peak.log" 2>&1
+[ "${MMA_PEAK:-1}" = 1 ] &&
+  timeout 120 python3 benchmarks/gpu_dev_mma_peak.py --json "$OUT/mma_peak.json" >"$OUT/mma_peak.log" 2>&1
 fam_args=(); for f in ${FAMILIES:-sm80}; do fam_args+=(--family "$f"); done
 test_args=(--skip-tests); [ "${TESTS:-0}" = 1 ] && test_args=()
 [ "${SKIP_NATIVE:-0}" = 1 ] || timeout "${LIMIT_NATIVE:-420}" python3 benchmarks/gpu_dev_native.py "${fam_args[@]}" "${test_args[@]}" \
@@ -77,7 +79,8 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 # the transfer back takes few files: pack everything
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
-tar -xzOf "$OUT/tune.tgz" ./mma_peak.log ./breakdown.log
+[ "${MMA_PEAK:-1}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./mma_peak.log
+tar -xzOf "$OUT/tune.tgz" ./breakdown.log
 tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70
 # the variants against the default build, one table (gpu_dev_native.variant_summary)
 tar -xzOf "$OUT/tune.tgz" ./native.log | sed -n '/^== variants against the default build/,$p'
