@@ -26,7 +26,7 @@
 # default sm80), RATE (1: also build and run benchmarks/gpu_dev_wgmma_rate.cu, sm_90a, within
 # LIMIT_RATE seconds, default 120; its output is printed last), VARIANT_TIMEOUT (seconds each
 # variant's check and timing may take before it is killed, default 150: a hang costs one variant),
-# MMA_PEAK (0: skip the mma.sync ceiling at the start).
+# MMA_PEAK (0: skip the mma.sync ceiling at the start), BREAKDOWN (0: skip the per-kernel breakdown).
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 OUT=${OUT:-$PWD/tune_out}
@@ -64,7 +64,7 @@ if [ "${RATE:-0}" = 1 ]; then
 fi
 pcases=(); for c in $PROFILE_CASES; do pcases+=(--case "$c"); done
 [ -n "${PROFILE_VARIANT:-}" ] && export SAGE_DEV_PACKAGE_ROOT=/tmp/native_build/pkg_${PROFILE_VARIANT}
-timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \
+[ "${BREAKDOWN:-1}" = 1 ] && timeout 120 python3 benchmarks/gpu_dev_profile.py breakdown "${pcases[@]}" \
   --label "${NCU_LABEL:-sm80-fp32}" >"$OUT/breakdown.log" 2>&1
 if [ "${NCU:-0}" = 1 ]; then
   for c in $PROFILE_CASES; do
@@ -80,7 +80,7 @@ fi
 # the transfer back takes few files: pack everything
 tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
 [ "${MMA_PEAK:-1}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./mma_peak.log
-tar -xzOf "$OUT/tune.tgz" ./breakdown.log
+[ "${BREAKDOWN:-1}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./breakdown.log
 tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70
 # the variants against the default build, one table (gpu_dev_native.variant_summary)
 tar -xzOf "$OUT/tune.tgz" ./native.log | sed -n '/^== variants against the default build/,$p'
