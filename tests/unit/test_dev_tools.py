@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -208,3 +209,26 @@ def test_variant_summary_is_the_decision_table():
     assert pp8[1].startswith("sm89-fp32+fp32/sm90_fp8") and pp8[2] == "0.800" and pp8[-1] == "FAILED"
     assert "-" in lines["dead"] and lines["dead"].split()[-1] == "none"
     assert "4x32x4096x128" in text.splitlines()[1] and "4x32x1024x128" in text.splitlines()[1]
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_tune_call_skips_the_steps_a_short_call_turns_off(tmp_path, skip):
+    # python3 and nvidia-smi stand-ins record what the call runs; no GPU, nothing built
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    for tool in ("python3", "nvidia-smi"):
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> "{calls}"\n')
+        stub.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), SKIP_NATIVE="1")
+    if skip:
+        env.update(MMA_PEAK="0", BREAKDOWN="0")
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_tune.sh")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    ran = calls.read_text()
+    assert "nvidia-smi" in ran
+    assert ("gpu_dev_mma_peak.py" in ran) is not skip
+    assert ("gpu_dev_profile.py breakdown" in ran) is not skip
+    assert (tmp_path / "out" / "tune.tgz").is_file()
