@@ -16,6 +16,7 @@ from typing import Sequence
 
 from . import matrix as matrix_module
 from .errors import FactoryError, PlanError
+from .kernels import jobs_argument
 
 
 def _select_cells(args, matrix):
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--no-repair", action="store_true",
                        help="skip auditwheel/delvewheel (runners without them)")
         if name == "build":
-            p.add_argument("--jobs", type=int, default=None,
+            p.add_argument("--jobs", type=jobs_argument, default=None,
                            help="parallel compile jobs (default: MAX_JOBS or the CPU count)")
             p.add_argument("--out", type=Path, default=Path("wheelhouse"),
                            help="where final wheels go (default: wheelhouse/)")

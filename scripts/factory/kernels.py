@@ -9,6 +9,7 @@ the family's torch-facing bindings.cpp.
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -33,17 +34,33 @@ def default_cache_dir(root: Path = REPO_ROOT) -> Path:
     return Path(os.environ.get(CACHE_ENV) or root / "build" / "kernel-cache")
 
 
+def positive_jobs(raw: str) -> int:
+    """A parallel job count given as text (MAX_JOBS, --jobs): a positive integer, else ValueError."""
+    try:
+        jobs = int(raw)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise ValueError(f"must be a positive integer, got {raw!r}")
+    return jobs
+
+
+def jobs_argument(raw: str) -> int:
+    """argparse type of the commands' --jobs: positive_jobs, refused as a usage error."""
+    try:
+        return positive_jobs(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def jobs_from_env(env: os._Environ | dict = os.environ) -> int:
     """MAX_JOBS (torch's convention) or the CPU count; at least 1."""
     raw = env.get("MAX_JOBS")
     if raw:
         try:
-            jobs = int(raw)
-        except ValueError:
-            raise BuildError(f"MAX_JOBS must be a positive integer, got {raw!r}") from None
-        if jobs < 1:
-            raise BuildError(f"MAX_JOBS must be a positive integer, got {raw!r}")
-        return jobs
+            return positive_jobs(raw)
+        except ValueError as exc:
+            raise BuildError(f"MAX_JOBS {exc}") from None
     return max(1, os.cpu_count() or 1)
 
 

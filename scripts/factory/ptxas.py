@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from .arch import FamilyBuild, load_families
-from .errors import ToolchainError
-from .kernels import find_nvcc, include_dirs, jobs_from_env, kernel_sources, nvcc_flags
+from .errors import FactoryError, ToolchainError
+from .kernels import find_nvcc, include_dirs, jobs_argument, jobs_from_env, kernel_sources, nvcc_flags
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -175,6 +175,14 @@ def format_table(kernels: Sequence[Kernel]) -> str:
                      + (f"  [{r[7]}]" if r[7] else "") for r in rows)
 
 
+def _regex(text: str) -> re.Pattern:
+    """argparse type of --kernel: checked before anything is compiled."""
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({exc}): {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory ptxas",
@@ -189,9 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only these SM targets, e.g. 90 (default: every SM each family serves)")
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]",
                         help="a preprocessor define for every file, e.g. -D SAGE_WG_PERSISTENT=1")
-    parser.add_argument("--kernel", metavar="REGEX",
+    parser.add_argument("--kernel", type=_regex, metavar="REGEX",
                         help="only kernels whose name (demangled, or mangled) matches, e.g. attn_wgmma")
-    parser.add_argument("--jobs", type=int, default=None,
+    parser.add_argument("--jobs", type=jobs_argument, default=None,
                         help="parallel nvcc runs (default: MAX_JOBS or the CPU count)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any kernel spills, has a stack frame or a performance note")
@@ -199,14 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         kernels, loose = report(args.family, args.sm, args.defines, args.jobs)
-    except ToolchainError as exc:
+    except FactoryError as exc:  # no nvcc, an unknown family, a bad MAX_JOBS, a failed compile
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.kernel:
-        pattern = re.compile(args.kernel)
-        kernels = [k for k in kernels if pattern.search(k.name) or pattern.search(short_name(k.name))]
+        kernels = [k for k in kernels if args.kernel.search(k.name) or args.kernel.search(short_name(k.name))]
         if not kernels:
-            print(f"error: no kernel matches --kernel {args.kernel!r}", file=sys.stderr)
+            print(f"error: no kernel matches --kernel {args.kernel.pattern!r}", file=sys.stderr)
             return 2
     print(format_table(kernels))
     for note in loose:

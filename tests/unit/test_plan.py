@@ -210,8 +210,20 @@ def test_torch_version_is_read_without_importing_torch():
 def test_jobs_setting():
     assert kernels.jobs_from_env({"MAX_JOBS": "3"}) == 3
     assert kernels.jobs_from_env({}) >= 1
-    with pytest.raises(BuildError, match="MAX_JOBS"):
+    with pytest.raises(BuildError, match="MAX_JOBS must be a positive integer, got 'many'"):
         kernels.jobs_from_env({"MAX_JOBS": "many"})
+    with pytest.raises(BuildError, match="MAX_JOBS must be a positive integer, got '0'"):
+        kernels.jobs_from_env({"MAX_JOBS": "0"})
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2", "two"])
+def test_build_refuses_a_jobs_count_that_is_not_positive(capsys, jobs):
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["build", "--sm", "sm75", "--jobs", jobs])
+    assert exc.value.code == 2
+    assert f"argument --jobs: must be a positive integer, got '{jobs}'" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the fake nvcc is a shell script")

@@ -99,3 +99,24 @@ def test_it_is_a_factory_subcommand(capsys):
         cli.main(["ptxas", "--help"])
     assert exc.value.code == 0
     assert "--strict" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--kernel", "attn_(wgmma"], "argument --kernel: not a regular expression"),
+    (["--jobs", "0"], "argument --jobs: must be a positive integer, got '0'"),
+    (["--jobs", "-2"], "argument --jobs: must be a positive integer, got '-2'"),
+])
+def test_bad_arguments_are_usage_errors_before_anything_compiles(monkeypatch, capsys, argv, expected):
+    monkeypatch.setattr(ptxas, "report", lambda *a, **k: pytest.fail("compiled despite a bad argument"))
+    with pytest.raises(SystemExit) as exc:
+        ptxas.main(argv)
+    assert exc.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_a_bad_max_jobs_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("MAX_JOBS", "many")
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\nexit 1\n")
+    monkeypatch.setattr(ptxas, "find_nvcc", lambda: fake_nvcc)
+    assert ptxas.main(["--family", "sm75"]) == 2
+    assert "MAX_JOBS must be a positive integer, got 'many'" in capsys.readouterr().err
