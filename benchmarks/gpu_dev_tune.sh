@@ -78,7 +78,9 @@ if [ "${NCU:-0}" = 1 ]; then
   done
 fi
 # the transfer back takes few files: pack everything
-tar -C "$OUT" -czf /tmp/tune.tgz . && rm -rf "${OUT:?}"/* && mv /tmp/tune.tgz "$OUT/tune.tgz"
+# (packed outside $OUT, in a file of its own: two calls on one machine must not share it)
+packed=$(mktemp "${TMPDIR:-/tmp}/tune.XXXXXX.tgz")
+tar -C "$OUT" -czf "$packed" . && rm -rf "${OUT:?}"/* && mv "$packed" "$OUT/tune.tgz"
 [ "${MMA_PEAK:-1}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./mma_peak.log
 [ "${BREAKDOWN:-1}" = 1 ] && tar -xzOf "$OUT/tune.tgz" ./breakdown.log
 tar -xzOf "$OUT/tune.tgz" ./native.log | grep -E "TOPS|geomean|== variant|failed|Error|pytest:|FAILED|ACCURACY" | tail -n 70
