@@ -4,6 +4,23 @@
 // `f8`): two consumer warpgroups (128 query rows per CTA), 128-key blocks (an FP8 V^T row is
 // 128 token bytes), a ring of two K/V buffers, no ping-pong; the same at both head dims.
 #pragma once
+// The family's kernel levers, on since 2026-12-05: the bulk tensor copy engine for Q, K and V^T,
+// the O update and the next scores' preset inside the softmax's block, and persistent CTAs taking
+// tiles from a per-call counter. Together 1.02-1.07x the previous default on every case of
+// benchmarks/results/h100-2026-12-05-tune-sm90fp8.md (variant pdfet8, an H100; the levers alone:
+// fet8 1.025x, fe8 1.008x, pd8 0.996x geomean). A -D on the command line still overrides each.
+#ifndef SAGE_WG_TMA
+#define SAGE_WG_TMA 1
+#endif
+#ifndef SAGE_WG_FUSED_UPDATE
+#define SAGE_WG_FUSED_UPDATE 1
+#endif
+#ifndef SAGE_WG_EARLY_PRESET
+#define SAGE_WG_EARLY_PRESET 1
+#endif
+#ifndef SAGE_WG_PERSISTENT
+#define SAGE_WG_PERSISTENT 2
+#endif
 #include "../common/attn_wgmma.cuh"
 
 namespace sage::sm90_fp8 {
