@@ -92,10 +92,10 @@ def extensions_and_commands():
         def build_extensions(self) -> None:
             started = time.monotonic()
             cache = kernels.default_cache_dir(ROOT)
-            for ext, family_build in zip(self.extensions, config.builds):
-                objects = kernels.compile_family(
-                    family_build, nvcc=config.nvcc, nvcc_id=config.nvcc_id,
-                    cache_dir=cache, jobs=config.jobs, root=ROOT)
+            per_family = kernels.compile_families(
+                config.builds, nvcc=config.nvcc, nvcc_id=config.nvcc_id, cache_dir=cache,
+                jobs=config.jobs, root=ROOT)
+            for ext, objects in zip(self.extensions, per_family):
                 ext.extra_objects = [str(o.path) for o in objects]
             print(f"[bindings] compiling and linking {len(self.extensions)} extension(s)",
                   flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -263,6 +264,60 @@ def test_kernel_objects_are_cached_and_invalidated(tmp_path):
     assert [o.cached for o in run(specific)] == [True, True]
     assert any("2/2" in line and "elapsed" in line for line in logs)
     assert not list((tmp_path / "cache").rglob("*.tmp"))
+    # another nvcc build (its --version text differs): other objects, and the header line's
+    # toolchain fingerprint says so
+    logs.clear()
+    again = kernels.compile_family(build, nvcc=nvcc, nvcc_id="nvcc 13.0, another build", jobs=2,
+                                   cache_dir=tmp_path / "cache", root=root, log=logs.append)
+    assert [o.cached for o in again] == [False, False]
+    run()
+    prints = [re.search(r"toolchain ([0-9a-f]{8}), cache ", line) for line in logs if "objects," in line]
+    assert len(prints) == 2 and all(prints) and prints[0].group(1) != prints[1].group(1)
+
+
+def _two_families(tmp_path, nvcc_body: str):
+    root = tmp_path / "src"
+    (root / "csrc" / "common").mkdir(parents=True)
+    for name in ("one", "two"):
+        (root / "csrc" / name).mkdir()
+        (root / "csrc" / name / f"{name}.cu").write_text(f"// {name}\n")
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\n" + nvcc_body)
+    nvcc.chmod(0o755)
+    builds = [arch.FamilyBuild(arch.Family(n, f"pkg._{n}", f"csrc/{n}", (80,), "11.0", None), (80,), ())
+              for n in ("one", "two")]
+    return root, nvcc, builds
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvcc is a shell script")
+def test_families_compile_through_one_pool(tmp_path):
+    # Each compile notes when it starts and ends and takes 0.4 s: with two jobs the second
+    # family's object starts before the first family's ends (one family at a time would not).
+    times = tmp_path / "times"
+    root, nvcc, builds = _two_families(tmp_path, (
+        f'src="$2"; echo "start $src $(date +%s.%N)" >> {times}; sleep 0.4\n'
+        f'echo "end $src $(date +%s.%N)" >> {times}\n'
+        'while [ "$1" != "-o" ]; do shift; done; echo obj > "$2"\n'))
+    per_family = kernels.compile_families(builds, nvcc=nvcc, nvcc_id="x", jobs=2,
+                                          cache_dir=tmp_path / "cache", root=root,
+                                          log=lambda s: None)
+    assert [[o.source.name for o in objs] for objs in per_family] == [["one.cu"], ["two.cu"]]
+    stamps = {(w, Path(src).name): float(t) for w, src, t in
+              (line.split() for line in times.read_text().splitlines())}
+    assert stamps[("start", "two.cu")] < stamps[("end", "one.cu")]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvcc is a shell script")
+def test_first_failure_stops_the_other_families(tmp_path):
+    calls = tmp_path / "calls"
+    root, nvcc, builds = _two_families(tmp_path, (
+        f'echo "$2" >> {calls}\n'
+        'case "$2" in *one.cu) echo "one.cu(1): error: boom" >&2; exit 2;; esac\n'
+        'while [ "$1" != "-o" ]; do shift; done; echo obj > "$2"\n'))
+    with pytest.raises(BuildError, match=r"nvcc failed on csrc/one/one.cu"):
+        kernels.compile_families(builds, nvcc=nvcc, nvcc_id="x", jobs=1,
+                                 cache_dir=tmp_path / "cache", root=root, log=lambda s: None)
+    assert [Path(line).name for line in calls.read_text().splitlines()] == ["one.cu"]
 
 
 def test_failed_compile_names_the_source(tmp_path):
