@@ -7,8 +7,9 @@
 // The family's kernel levers, on since 2026-12-05: the bulk tensor copy engine for Q, K and V^T,
 // the O update and the next scores' preset inside the softmax's block, and persistent CTAs taking
 // tiles from a per-call counter. Together 1.02-1.07x the previous default on every case of
-// benchmarks/results/h100-2026-12-05-tune-sm90fp8.md (variant pdfet8, an H100; the levers alone:
-// fet8 1.025x, fe8 1.008x, pd8 0.996x geomean). A -D on the command line still overrides each.
+// benchmarks/results/h100-2026-12-05-tune-d73f772-native.log (variant pdfet8, an H100; the
+// levers alone: fet8 1.025x, fe8 1.008x, pd8 0.996x geomean). A -D on the command line still
+// overrides each.
 #ifndef SAGE_WG_TMA
 #define SAGE_WG_TMA 1
 #endif
