@@ -214,22 +214,18 @@ def compile_families(builds: Sequence[FamilyBuild], *, nvcc: Path, nvcc_id: str,
         progress.finish(source.name, f"compiled in {seconds:.1f}s")
         return KernelObject(source, target, False, seconds)
 
-    beats = [threading.Thread(target=p.heartbeat, daemon=True) for p in progresses]
-    for beat in beats:
-        beat.start()
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    for progress in progresses:
+        threading.Thread(target=progress.heartbeat, daemon=True).start()
     try:
-        futures = [pool.submit(one, task) for task in tasks]
-        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-        pool.shutdown(wait=True, cancel_futures=True)
-        for future in futures:
-            if not future.cancelled() and future.exception() is not None:
-                raise future.exception()
-        objects = [future.result() for future in futures]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, task) for task in tasks]
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         for progress in progresses:
             progress.stop.set()
+    for future in futures:  # the first failure, in source order
+        if future.exception() is not None:
+            raise future.exception()
+    objects = [future.result() for future in futures]
     per_family: list[list[KernelObject]] = []
     for progress in progresses:
         mine, objects = objects[:progress.total], objects[progress.total:]
