@@ -157,6 +157,29 @@ __device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs(float (&d)[{nreg}], con
 """
 
 
+def rs_e4m3_fresh(n: int) -> str:
+    """D(f32) = A(e4m3, registers) * B(e4m3, smem, K-major), m64 n{n} k32: D written, not read."""
+    nreg = n // 2
+    outs = ", ".join(f'"=f"(d[{i}])' for i in range(nreg))
+    return f"""
+// D = A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32, as wgmma_m64n{n}k32_e4m3_rs with accumulate = 0,
+// but D is an output only: the compiler need not keep D's old values alive up to this product.
+__device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs_fresh(float (&d)[{nreg}], const uint32_t (&a)[4],
+                                                           uint64_t desc_b) {{
+#ifdef SAGE_HAS_WGMMA
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 5}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{_regs(nreg)}}}, "
+      "{{%{nreg},%{nreg + 1},%{nreg + 2},%{nreg + 3}}}, %{nreg + 4}, p, 1, 1;\\n}}\\n"
+      : {outs}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
+#else
+  __trap();
+#endif
+}}
+"""
+
+
 def main(argv: list[str] | None = None) -> None:
     argparse.ArgumentParser(description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
@@ -169,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             parts.append(ss_16(n, ty))
     for n in (64, 128, 256):
         parts.append(rs_e4m3(n))
+    for n in (64, 128):
+        parts.append(rs_e4m3_fresh(n))
     parts.append("\n}  // namespace sage\n")
     OUT.write_text("".join(parts))
     print(f"wrote {OUT}")

@@ -105,6 +105,21 @@ namespace sage {
 #ifndef SAGE_WG_WS_OVERLAP
 #define SAGE_WG_WS_OVERLAP 0  // WS kernel: the softmax of S_{kb+1} while P_kb V_kb runs
 #endif
+#ifndef SAGE_WG_SOFTMAX_ILP
+// 1: the softmax's row max and row sum as independent chains (2 of 4 VIMNMX3, 4 of 8 FADD per row
+// instead of 1 of 8 and 1 of 32), for a warpgroup whose softmax waits on its own latencies. The
+// sum is then added in another order (a rounding-level change).
+#define SAGE_WG_SOFTMAX_ILP 0
+#endif
+#ifndef SAGE_WG_QK_AHEAD
+// WS kernel, plain loop with SAGE_WG_FUSED_UPDATE: S_{kb+1} = Q K_{kb+1} is issued before the
+// softmax of S_kb and runs on the tensor cores during it, into a second set of S registers; P_kb
+// V_kb follows the softmax. Unlike SAGE_WG_WS_OVERLAP, the wgmma in flight across the softmax
+// reads both operands from shared memory, so no register the softmax writes can be its operand;
+// ptxas keeps its accumulator out of the softmax's way. K_{kb+1} is wanted a softmax earlier, so
+// it pairs with a third K/V stage (the family's SAGE_WG_STAGES). Costs 64 registers at 128 keys.
+#define SAGE_WG_QK_AHEAD 0
+#endif
 #ifndef SAGE_WG_MINB
 #define SAGE_WG_MINB 1  // CTAs per SM the register allocation must leave room for
 #endif
@@ -292,8 +307,13 @@ __device__ __forceinline__ void qk_step(int32_t (&s)[BLOCK_N / 2], uint64_t desc
 template <int HEAD_DIM>
 __device__ __forceinline__ void pv_fp8_step(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[4], uint64_t desc_vt, int kc,
                                             bool fresh) {
-  if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, a, desc_vt + 2 * kc, !(fresh && kc == 0));
-  else wgmma_m64n128k32_e4m3_rs(o, a, desc_vt + 2 * kc, !(fresh && kc == 0));
+  if (fresh && kc == 0) {  // o's old values are dead: tell the compiler (SAGE_WG_QK_AHEAD needs it)
+    if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs_fresh(o, a, desc_vt);
+    else wgmma_m64n128k32_e4m3_rs_fresh(o, a, desc_vt);
+  } else {
+    if constexpr (HEAD_DIM == 64) wgmma_m64n64k32_e4m3_rs(o, a, desc_vt + 2 * kc, 1);
+    else wgmma_m64n128k32_e4m3_rs(o, a, desc_vt + 2 * kc, 1);
+  }
 }
 template <int HEAD_DIM, PvKind PV>
 __device__ __forceinline__ void pv16_step(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[4], uint64_t desc_v, int kc) {
@@ -426,12 +446,15 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
       float mraw;
       if constexpr (kScoreBias != 0) {
         // biased scores are positive floats (masked: -inf): their bits order like the values
-        int max_bits = __float_as_int(-INFINITY);
+        int max_bits[1 + SAGE_WG_SOFTMAX_ILP];  // ILP: two chains of 4, not one of 8
         #pragma unroll
-        for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-          max_bits = __vimax3_s32(max_bits, __float_as_int(sf[4 * j + 2 * r]),
-                                  __float_as_int(sf[4 * j + 2 * r + 1]));
-        mraw = __int_as_float(max_bits);
+        for (int c = 0; c <= SAGE_WG_SOFTMAX_ILP; ++c) max_bits[c] = __float_as_int(-INFINITY);
+        #pragma unroll
+        for (int j = 8 * sub; j < 8 * sub + 8; ++j) {
+          int& mb = max_bits[SAGE_WG_SOFTMAX_ILP ? j & 1 : 0];
+          mb = __vimax3_s32(mb, __float_as_int(sf[4 * j + 2 * r]), __float_as_int(sf[4 * j + 2 * r + 1]));
+        }
+        mraw = __int_as_float(SAGE_WG_SOFTMAX_ILP ? max(max_bits[0], max_bits[SAGE_WG_SOFTMAX_ILP]) : max_bits[0]);
       } else {
         mraw = -INFINITY;
         #pragma unroll
@@ -452,16 +475,21 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     for (int sub = 0; sub < kSub; ++sub)
       neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
                           : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
-    float rowsum = 0.f;
+    constexpr int kSums = SAGE_WG_SOFTMAX_ILP ? 4 : 1;  // ILP: four chains of FADDs, not one of 32
+    float rowsum[kSums];
+    #pragma unroll
+    for (int c = 0; c < kSums; ++c) rowsum[c] = 0.f;
     #pragma unroll
     for (int j = 0; j < kNT; ++j)
       #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
         sf[4 * j + 2 * r + e] = pv;
-        rowsum += pv;
+        rowsum[(2 * j + e) % kSums] += pv;
       }
-    l_run[r] = l_run[r] * alpha[r] + rowsum;
+    float sum = rowsum[0];
+    if constexpr (kSums == 4) sum = (rowsum[0] + rowsum[1]) + (rowsum[2] + rowsum[3]);
+    l_run[r] = l_run[r] * alpha[r] + sum;
   }
 }
 
@@ -839,6 +867,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
   static_assert(!PERSISTENT || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
   static_assert(!SAGE_WG_EARLY_PRESET || SAGE_WG_FUSED_UPDATE, "SAGE_WG_EARLY_PRESET needs SAGE_WG_FUSED_UPDATE");
+  static_assert(!SAGE_WG_QK_AHEAD || (SAGE_WG_FUSED_UPDATE && !PINGPONG && !SAGE_WG_WS_OVERLAP &&
+                                       !SAGE_WG_INTERLEAVE),
+                "SAGE_WG_QK_AHEAD needs SAGE_WG_FUSED_UPDATE, and no ping-pong, overlap or interleave");
   constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
   constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
 
@@ -1163,6 +1194,75 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         }
       }
     };
+    if constexpr (SAGE_WG_QK_AHEAD) {
+    // S_{kb+1} on the tensor cores during the softmax of S_kb, then P_kb V_kb; the block waits for
+    // both at its end. The two S register sets swap roles every block: the body runs twice per
+    // trip with the sets exchanged, so the swap costs no moves.
+    int32_t s_j[BLOCK_N / 2];
+    auto block = [&](int kb, int32_t (&s_cur)[BLOCK_N / 2], int32_t (&s_nxt)[BLOCK_N / 2]) {
+      const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
+      const bool more = kb + 1 < n_kblocks;
+      stamp(kb, 0);
+#if !SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
+#endif
+      // P_{kb-1} V_{kb-1} (done last block) into O first, and S_{kb+1}'s registers preset only
+      // now: so at most three accumulator sets (O, S_kb, S_{kb+1}; then O, S_{kb+1}, P_kb V_kb)
+      // are live at a time, which is what 232 registers hold.
+      if constexpr (TWO_LEVEL) add_block(alpha_prev);
+      wg::preset_scores<BLOCK_N>(s_nxt);
+      // The last block issues an unused S on its own K_kb, held until this warpgroup's empty
+      // arrive (as issue_products: no branch around the wgmma groups).
+      if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
+      if constexpr (!kTma) fence_proxy_async_smem();
+      wgmma_fence();
+      wg::issue_qk<HEAD_DIM, BLOCK_N>(s_nxt, desc_q, sK + (more ? nst : st) * Tr::kKBytes);
+      wgmma_commit();
+      float alpha[2];
+      uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
+      wg::with_mask_choice(blk, [&](auto mask) {
+        constexpr bool kMask = decltype(mask)::value;
+        float sf[BLOCK_N / 2];
+        if constexpr (kFp8) {
+          wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_cur, blk, m_run, l_run, alpha, sf);
+          wg::pack_p8_frags<BLOCK_N>(sf, pa);
+        } else {
+          wg::softmax_probs_of<BLOCK_N, kMask, false>(s_cur, blk, m_run, l_run, alpha, sf);
+          wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
+        }
+        if constexpr (!TWO_LEVEL) {
+          wg::rescale<HEAD_DIM>(o, alpha);
+          wgmma_pin(o);
+        }
+      });
+      if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
+      stamp(kb, 1);
+      sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+      if constexpr (!kTma) fence_proxy_async_smem();
+      stamp(kb, 4);
+      wgmma_fence();
+      if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+      else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
+      else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+      wgmma_commit();
+      stamp(kb, 2);
+#if SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
+#endif
+      wgmma_wait<0>();
+      wgmma_pin(s_nxt);
+      wgmma_pin(o);
+      if constexpr (TWO_LEVEL) wgmma_pin(ob);
+      stamp(kb, 3);
+      sm90::mbar_arrive(empty(st));
+    };
+    int kb = 0;
+    for (; kb + 1 < n_kblocks; kb += 2) {
+      block(kb, s_i, s_j);
+      block(kb + 1, s_j, s_i);
+    }
+    if (kb < n_kblocks) block(kb, s_i, s_j);
+    } else {
     for (int kb = 0; kb < n_kblocks; ++kb) {
       stamp(kb, 0);  // softmax starts
 #if !SAGE_WG_KS_PREFETCH
@@ -1227,6 +1327,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         wgmma_pin(ob);
         if constexpr (!SAGE_WG_FUSED_UPDATE) add_block(alpha);
       }
+    }
     }
     if constexpr (SAGE_WG_FUSED_UPDATE && TWO_LEVEL) add_block(alpha_prev);  // the last block's P.V
     }

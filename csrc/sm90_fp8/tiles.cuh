@@ -22,12 +22,15 @@
 #ifndef SAGE_WG_PERSISTENT
 #define SAGE_WG_PERSISTENT 2
 #endif
+#ifndef SAGE_WG_STAGES
+#define SAGE_WG_STAGES 2  // K/V buffers in the ring
+#endif
 #include "../common/attn_wgmma.cuh"
 
 namespace sage::sm90_fp8 {
 
 struct Tile {
-  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = SAGE_WG_STAGES;
   static constexpr bool kPingPong = false;
 };
 
