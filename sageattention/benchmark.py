@@ -371,9 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sdpa; those that cannot run here are reported with the reason)")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
-    p.add_argument("--rounds", type=rounds_arg, default=1,
+    p.add_argument("--rounds", type=rounds_arg, default=3,
                    help="time every kernel this many times per case, interleaved, and keep the "
-                        "medians (default 1; 3 steadies per-case ratios against SDPA)")
+                        "medians (default 3: one timing of SDPA alone moved 14%% between rounds "
+                        "on an H100; 1 for a quick look)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
