@@ -25,13 +25,16 @@
 #ifndef SAGE_WG_STAGES
 #define SAGE_WG_STAGES 2  // K/V buffers in the ring
 #endif
+#ifndef SAGE_WG_PINGPONG
+#define SAGE_WG_PINGPONG 0  // turns for the consumers' wgmmas (1: on issue, 2: on completion)
+#endif
 #include "../common/attn_wgmma.cuh"
 
 namespace sage::sm90_fp8 {
 
 struct Tile {
   static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = SAGE_WG_STAGES;
-  static constexpr bool kPingPong = false;
+  static constexpr int kPingPong = SAGE_WG_PINGPONG;
 };
 
 template <int HEAD_DIM, bool TWO_LEVEL>
