@@ -546,6 +546,22 @@ __device__ __forceinline__ void softmax_probs(const int32_t (&s)[BLOCK_N / 2], c
   });
 }
 
+// The softmax of one block, then P as the A fragments of the P.V of kind PV (FP8: P * 448 in e4m3,
+// the 448 folded into the exp2 with SAGE_WG_FP8_P_FOLD; else 16-bit), for one mask arm.
+template <int BLOCK_N, bool MASK, PvKind PV>
+__device__ __forceinline__ void softmax_packed(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                               uint32_t (&pa)[PV == PvKind::kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4]) {
+  float sf[BLOCK_N / 2];
+  if constexpr (PV == PvKind::kFp8) {
+    softmax_probs_of<BLOCK_N, MASK, SAGE_WG_FP8_P_FOLD>(s, blk, m_run, l_run, alpha, sf);
+    pack_p8_frags<BLOCK_N>(sf, pa);
+  } else {
+    softmax_probs_of<BLOCK_N, MASK, false>(s, blk, m_run, l_run, alpha, sf);
+    pack_p16_frags<BLOCK_N, PV>(sf, pa);
+  }
+}
+
 // The softmax and the 16-bit packing together (the 16-bit P.V paths).
 template <int BLOCK_N, PvKind PV>
 __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
@@ -1221,15 +1237,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       float alpha[2];
       uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
       wg::with_mask_choice(blk, [&](auto mask) {
-        constexpr bool kMask = decltype(mask)::value;
-        float sf[BLOCK_N / 2];
-        if constexpr (kFp8) {
-          wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_cur, blk, m_run, l_run, alpha, sf);
-          wg::pack_p8_frags<BLOCK_N>(sf, pa);
-        } else {
-          wg::softmax_probs_of<BLOCK_N, kMask, false>(s_cur, blk, m_run, l_run, alpha, sf);
-          wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
-        }
+        wg::softmax_packed<BLOCK_N, decltype(mask)::value, PV>(s_cur, blk, m_run, l_run, alpha, pa);
         if constexpr (!TWO_LEVEL) {
           wg::rescale<HEAD_DIM>(o, alpha);
           wgmma_pin(o);
@@ -1273,15 +1281,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         // one basic block per mask arm: softmax, packing and the O update of the previous block
         uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
         wg::with_mask_choice(blk, [&](auto mask) {
-          constexpr bool kMask = decltype(mask)::value;
-          float sf[BLOCK_N / 2];
-          if constexpr (kFp8) {
-            wg::softmax_probs_of<BLOCK_N, kMask, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
-            wg::pack_p8_frags<BLOCK_N>(sf, pa);
-          } else {
-            wg::softmax_probs_of<BLOCK_N, kMask, false>(s_i, blk, m_run, l_run, alpha, sf);
-            wg::pack_p16_frags<BLOCK_N, PV>(sf, pa);
-          }
+          wg::softmax_packed<BLOCK_N, decltype(mask)::value, PV>(s_i, blk, m_run, l_run, alpha, pa);
           if constexpr (TWO_LEVEL) {
             add_block(alpha_prev);  // P_{kb-1} V_{kb-1} completed last iteration
           } else {
