@@ -232,3 +232,38 @@ def test_tune_call_skips_the_steps_a_short_call_turns_off(tmp_path, skip):
     assert ("gpu_dev_mma_peak.py" in ran) is not skip
     assert ("gpu_dev_profile.py breakdown" in ran) is not skip
     assert (tmp_path / "out" / "tune.tgz").is_file()
+
+
+@pytest.mark.parametrize("gpu, table_source, expected", [
+    ("NVIDIA H100 80GB HBM3", None, "h100-{date}-calibration.json"),
+    ("NVIDIA H200", None, "h200-{date}-calibration.json"),
+    ("NVIDIA A100-SXM4-80GB", None, "gpu-{date}-calibration.json"),
+    ("NVIDIA H100 80GB HBM3", "mine.json", "mine.json"),
+])
+def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, table_source, expected):
+    # stand-ins: nvidia-smi names the card; python3 records its arguments and creates the files
+    # that --benchmark-json and --out name, so the table step can copy them; nothing is built
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\necho "{gpu}, 580.0, 9.0"\n')
+    (bin_dir / "python3").write_text(
+        f'#!/bin/sh\necho "python3 $*" >> "{calls}"\nprev=""\n'
+        'for a in "$@"; do case $prev in --out|--benchmark-json) mkdir -p "$(dirname "$a")"; '
+        'echo "{}" > "$a" ;; esac; prev=$a; done\n')
+    for tool in ("nvidia-smi", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
+               STEPS="calibrate table", SOURCE_COMMIT="abc")
+    env.pop("TABLE_SOURCE", None)
+    if table_source:
+        env["TABLE_SOURCE"] = table_source
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_session.sh")], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    date = subprocess.run(["date", "+%F"], capture_output=True, text=True).stdout.strip()
+    written = sorted(p.name for p in (repo / "benchmarks" / "results").iterdir())
+    assert written == [expected.format(date=date)]
+    assert f"--from-benchmark benchmarks/results/{written[0]}" in calls.read_text()
