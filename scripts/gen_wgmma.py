@@ -134,45 +134,32 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_{ty}_ss(float (&d)[{nreg}], uin
 """
 
 
-def rs_e4m3(n: int) -> str:
-    """D(f32) (+)= A(e4m3, registers) * B(e4m3, smem, K-major), m64 n{n} k32."""
+def rs_e4m3(n: int, fresh: bool = False) -> str:
+    """D(f32) (+)= A(e4m3, registers) * B(e4m3, smem, K-major), m64 n{n} k32. fresh: D = A B^T with
+    D an output only (the _fresh wrapper), so the compiler need not keep D's old values alive."""
     nreg = n // 2
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(nreg))
+    outs = ", ".join(f'"{"=" if fresh else "+"}f"(d[{i}])' for i in range(nreg))
+    suffix = "_fresh" if fresh else ""
+    if fresh:
+        doc = (f"// D = A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32, as wgmma_m64n{n}k32_e4m3_rs with accumulate = 0,\n"
+               "// but D is an output only: the compiler need not keep D's old values alive up to this product.")
+    else:
+        doc = (f"// D (+)= A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32; A from registers (the mma.m16n8k32 8-bit A\n"
+               "// layout per warp), B K-major in shared memory (FP8 takes no transpose); accumulate = 0: D = A B^T.")
+    indent = " " * (53 + len(suffix))  # the second parameter line, aligned under the first
+    last_param = "" if fresh else ", int accumulate"
+    scale_d = '"n"(0)' if fresh else '"r"(accumulate)'
     return f"""
-// D (+)= A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32; A from registers (the mma.m16n8k32 8-bit A
-// layout per warp), B K-major in shared memory (FP8 takes no transpose); accumulate = 0: D = A B^T.
-__device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs(float (&d)[{nreg}], const uint32_t (&a)[4],
-                                                     uint64_t desc_b, int accumulate) {{
+{doc}
+__device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs{suffix}(float (&d)[{nreg}], const uint32_t (&a)[4],
+{indent}uint64_t desc_b{last_param}) {{
 #ifdef SAGE_HAS_WGMMA
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 5}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{_regs(nreg)}}}, "
       "{{%{nreg},%{nreg + 1},%{nreg + 2},%{nreg + 3}}}, %{nreg + 4}, p, 1, 1;\\n}}\\n"
       : {outs}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#else
-  __trap();
-#endif
-}}
-"""
-
-
-def rs_e4m3_fresh(n: int) -> str:
-    """D(f32) = A(e4m3, registers) * B(e4m3, smem, K-major), m64 n{n} k32: D written, not read."""
-    nreg = n // 2
-    outs = ", ".join(f'"=f"(d[{i}])' for i in range(nreg))
-    return f"""
-// D = A * B^T, e4m3 x e4m3 -> fp32, m64n{n}k32, as wgmma_m64n{n}k32_e4m3_rs with accumulate = 0,
-// but D is an output only: the compiler need not keep D's old values alive up to this product.
-__device__ __forceinline__ void wgmma_m64n{n}k32_e4m3_rs_fresh(float (&d)[{nreg}], const uint32_t (&a)[4],
-                                                           uint64_t desc_b) {{
-#ifdef SAGE_HAS_WGMMA
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nreg + 5}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{_regs(nreg)}}}, "
-      "{{%{nreg},%{nreg + 1},%{nreg + 2},%{nreg + 3}}}, %{nreg + 4}, p, 1, 1;\\n}}\\n"
-      : {outs}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), {scale_d});
 #else
   __trap();
 #endif
@@ -193,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     for n in (64, 128, 256):
         parts.append(rs_e4m3(n))
     for n in (64, 128):
-        parts.append(rs_e4m3_fresh(n))
+        parts.append(rs_e4m3(n, fresh=True))
     parts.append("\n}  // namespace sage\n")
     OUT.write_text("".join(parts))
     print(f"wrote {OUT}")
