@@ -1093,6 +1093,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #else
     auto stamp = [](int, int) {};
 #endif
+    // O (+)= P_kb V_kb, V_kb in stage st: into O, or (FP8 two-level) into this block's accumulator.
+    auto issue_pv_block = [&](int st, const auto& pa) {
+      if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
+      else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
+      else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+    };
     // Once V_kb and K_{kb+1} have landed: S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb, issued back to
     // back as two commit groups. The last block issues an unused S (dropped) on its own K_kb, which
     // stays put until this warpgroup's empty arrive: no branch around the wgmma groups, and no read
@@ -1120,9 +1126,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       } else {
         wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK_next);
         wgmma_commit();
-        if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
-        else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
-        else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+        issue_pv_block(st, pa);
         wgmma_commit();
       }
       if constexpr (PINGPONG == 1) {
@@ -1249,9 +1253,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       if constexpr (!kTma) fence_proxy_async_smem();
       stamp(kb, 4);
       wgmma_fence();
-      if constexpr (!kFp8) wg::issue_pv<HEAD_DIM, BLOCK_N, PV>(o, pa, sV + st * Tr::kVBytes);
-      else if constexpr (TWO_LEVEL) wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(ob, pa, sV + st * Tr::kVBytes, true);
-      else wg::issue_pv_fp8<HEAD_DIM, BLOCK_N>(o, pa, sV + st * Tr::kVBytes, false);
+      issue_pv_block(st, pa);
       wgmma_commit();
       stamp(kb, 2);
 #if SAGE_WG_KS_PREFETCH
