@@ -63,7 +63,7 @@ struct AttnTraits {
   static constexpr int kThreads = NWARPS * 32;
   // Rows padded by 16 bytes: 8 rows read by one ldmatrix land in 8 different bank groups.
   static constexpr int kQKStride = HEAD_DIM + 16;  // int8 Q/K rows
-  static constexpr int kVRows = pv_is_16bit(PV) ? kIterK : HEAD_DIM;
+  static constexpr int kVRows = pv_is_16bit(PV) ? kIterK : kFp8VTerms * HEAD_DIM;  // FP8: hi, then lo rows
   static constexpr int kVStride = pv_is_16bit(PV) ? HEAD_DIM * 2 + 16 : kIterK + 16;
   static constexpr int kQBytes = kCtaQ * kQKStride;
   static constexpr int kKBytes = kIterK * kQKStride;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     }
   };
   // 16-bit V (fp16 or bf16): rows of HEAD_DIM elements from the caller's strides; FP8 V^T:
-  // HEAD_DIM rows of the padded token axis.
+  // kFp8VTerms * HEAD_DIM rows of the padded token axis (the hi rows, then the lo rows).
   constexpr int kVRowChunks = pv_is_16bit(PV) ? HEAD_DIM / 8 : kIterK / 16;
   constexpr int kVRowsPerPass = kThreads / kVRowChunks;
   static_assert(kThreads % kVRowChunks == 0 && Tr::kVRows % kVRowsPerPass == 0, "V copy tiling");
@@ -261,10 +261,10 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     } else {
       const int col = kb * kIterK + v_col;  // token
       const uint8_t* src = reinterpret_cast<const uint8_t*>(p.v) +
-                           (bhkv * HEAD_DIM + v_row) * p.k_pad + col;
+                           (bhkv * Tr::kVRows + v_row) * p.k_pad + col;
       const bool ok = KSUB == 1 || col < p.k_pad;
       #pragma unroll
-      for (int i = 0; i < HEAD_DIM / kVRowsPerPass; ++i)
+      for (int i = 0; i < Tr::kVRows / kVRowsPerPass; ++i)
         cp_async_16(dst + i * kVRowsPerPass * Tr::kVStride,
                     ok ? src + static_cast<int64_t>(i) * kVRowsPerPass * p.k_pad : p.v, ok);
     }
@@ -581,24 +581,27 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             }
           }
         }
+        // V's terms in turn into the same accumulators: hi, then lo (kFp8VTerms) for each chunk
         #pragma unroll
-        for (int dp = 0; dp < HEAD_DIM / 16; ++dp) {
-          uint32_t bv[4];
-          ldmatrix_x4(bv, cV + dp * 16 * Tr::kVStride + kc * 32);
+        for (int dp = 0; dp < HEAD_DIM / 16; ++dp)
           #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if constexpr (kInnerF32) {
-              mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp], pa[mt], bv[0], bv[1]);
-              mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
-            } else if constexpr (kInnerF16) {
-              mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp], pa[mt], bv[0], bv[1]);
-              mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
-            } else {
-              mma_m16n8k32_e4m3_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
-              mma_m16n8k32_e4m3_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+          for (int term = 0; term < kFp8VTerms; ++term) {
+            uint32_t bv[4];
+            ldmatrix_x4(bv, cV + (term * HEAD_DIM + dp * 16) * Tr::kVStride + kc * 32);
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              if constexpr (kInnerF32) {
+                mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                mma_m16n8k32_e4m3_f32(innerf[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+              } else if constexpr (kInnerF16) {
+                mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                mma_m16n8k32_e4m3_f16(innerh[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+              } else {
+                mma_m16n8k32_e4m3_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
+                mma_m16n8k32_e4m3_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+              }
             }
           }
-        }
       }
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt)

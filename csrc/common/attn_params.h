@@ -21,6 +21,19 @@ inline bool pv_in_bf16(DType dtype, PvAccum accum) {
   return dtype == DType::kBFloat16 && accum == PvAccum::kF32;
 }
 
+// FP8 P.V takes V as kFp8VTerms e4m3 terms per value: hi = e4m3(x) and lo = e4m3(x - hi), x = V /
+// scale, both multiplied by the same e4m3 P. One term (upstream's recipe) leaves a 3-bit mantissa
+// on V as well as on P: cosine about 0.99929 against fp32 SDPA on normal inputs, under the 0.9993
+// bar; the second term takes V's error out (about 0.9996) for twice the P.V tensor work. The
+// quantized V^T is [B, H, kFp8VTerms * D, padded_tokens]: the hi rows, then the lo rows.
+// sageattention/reference.py (FP8_V_TERMS) and the Triton FP8 kernel use the same number.
+// SAGE_FP8_V_TERMS=1 builds the one-term kernels for measurement (host and device alike).
+#ifndef SAGE_FP8_V_TERMS
+#define SAGE_FP8_V_TERMS 2
+#endif
+constexpr int kFp8VTerms = SAGE_FP8_V_TERMS;
+static_assert(kFp8VTerms == 1 || kFp8VTerms == 2, "FP8 V takes one or two e4m3 terms");
+
 struct QuantInt8Params {
   const void* x;           // fp16/bf16, element strides below, last dim contiguous
   int64_t x_sb, x_sh, x_sn;
@@ -39,7 +52,7 @@ struct QuantFp8Params {
   int64_t x_sb, x_sh, x_sn;
   const float* scale;      // [B, H, D]: max(amax / 448, 1e-8)
   const float* mean;       // [B, H, D] or null (V smoothing)
-  uint8_t* out;            // e4m3 [B, H, D, padded_tokens], permuted inside 16-token groups
+  uint8_t* out;            // e4m3 [B, H, kFp8VTerms * D, padded_tokens], permuted in 16-token groups
   int heads, tokens, padded_tokens, head_dim;
 };
 
@@ -74,7 +87,7 @@ struct VScaleParams {
 struct AttnParams {
   const int8_t* q;         // [B, Hq, q_pad, D] int8
   const int8_t* k;         // [B, Hkv, k_pad, D] int8
-  const void* v;           // FP16 PV: fp16 V with element strides v_s*; FP8 PV: [B, Hkv, D, k_pad]
+  const void* v;           // FP16 PV: fp16 V with element strides v_s*; FP8 PV: [B, Hkv, kFp8VTerms * D, k_pad]
   int64_t v_sb, v_sh, v_sn;
   const float* q_scale;    // [B, Hq, q_groups]
   const float* k_scale;    // [B, Hkv, k_groups]

@@ -225,14 +225,14 @@ struct VCopy {
   }
 };
 
-// FP8 V^T (the sm89 family's quant_v_fp8 layout [B, Hkv, D, k_pad] e4m3, tokens permuted within
-// 16-token groups): HEAD_DIM rows of BLOCK_N = 128 token bytes, K-major, 128B swizzle. A thread
+// FP8 V^T (the quant_v_fp8 layout [B, Hkv, kFp8VTerms * D, k_pad] e4m3, tokens permuted within
+// 16-token groups): ROWS rows (every term's) of BLOCK_N = 128 token bytes, K-major, 128B swizzle. A thread
 // copies one column chunk of every ROWS_PER_PASS-th row; chunks past k_pad (a multiple of 64) are
 // zero-filled, unread: an e4m3 byte there could be NaN, and 0 * NaN is NaN.
-template <int HEAD_DIM, int BLOCK_N, int THREADS>
+template <int ROWS, int BLOCK_N, int THREADS>
 struct VtCopy {
   static constexpr int kChunks = BLOCK_N / 16, kRowsPerPass = THREADS / kChunks;
-  static_assert(BLOCK_N == 128 && THREADS % kChunks == 0 && HEAD_DIM % kRowsPerPass == 0 &&
+  static_assert(BLOCK_N == 128 && THREADS % kChunks == 0 && ROWS % kRowsPerPass == 0 &&
                 kRowsPerPass % 8 == 0, "V^T copy tiling");
   int col;  // this thread's first token inside a block
   uint32_t dst0;
@@ -245,7 +245,7 @@ struct VtCopy {
   __device__ __forceinline__ void operator()(uint32_t tile, int tok0, int valid) const {
     const bool ok = col < valid;
     #pragma unroll
-    for (int i = 0; i < HEAD_DIM / kRowsPerPass; ++i)
+    for (int i = 0; i < ROWS / kRowsPerPass; ++i)
       cp_async_16(tile + dst0 + i * kRowsPerPass * 128, ok ? src0 + tok0 + i * kRowsPerPass * stride : src0, ok);
   }
 };
@@ -327,13 +327,21 @@ __device__ __forceinline__ void issue_qk(int32_t (&acc)[BLOCK_N / 2], uint64_t d
   #pragma unroll
   for (int kk = 0; kk < HEAD_DIM / 32; ++kk) qk_step<BLOCK_N>(acc, desc_q, desc_k, kk);
 }
-// O (+)= P V in FP8: P from registers, V^T in shared memory (pv_fp8_step).
+// FP8 P.V step kc on each of V's e4m3 terms in turn (hi, then lo: kFp8VTerms, attn_params.h),
+// the same A fragment against the term's HEAD_DIM rows of V^T; fresh: only the first overwrites.
+template <int HEAD_DIM>
+__device__ __forceinline__ void pv_fp8_terms_step(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[4], uint32_t vt_tile,
+                                                  int kc, bool fresh) {
+  #pragma unroll
+  for (int term = 0; term < kFp8VTerms; ++term)
+    pv_fp8_step<HEAD_DIM>(o, a, vt_desc(vt_tile + term * HEAD_DIM * 128), kc, fresh && term == 0);
+}
+// O (+)= P V in FP8: P from registers, V^T in shared memory (pv_fp8_terms_step).
 template <int HEAD_DIM, int BLOCK_N>
 __device__ __forceinline__ void issue_pv_fp8(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 32][4],
                                              uint32_t vt_tile, bool fresh) {
-  const uint64_t desc_v = vt_desc(vt_tile);
   #pragma unroll
-  for (int kc = 0; kc < BLOCK_N / 32; ++kc) pv_fp8_step<HEAD_DIM>(o, pa[kc], desc_v, kc, fresh);
+  for (int kc = 0; kc < BLOCK_N / 32; ++kc) pv_fp8_terms_step<HEAD_DIM>(o, pa[kc], vt_tile, kc, fresh);
 }
 // O += P V with P from registers (pv16_step).
 template <int HEAD_DIM, int BLOCK_N, PvKind PV>
@@ -355,11 +363,11 @@ __device__ __forceinline__ void issue_qk_pv_interleaved(int32_t (&s)[BLOCK_N / 2
   constexpr int kQ = HEAD_DIM / 32, kP = PA;
   static_assert(PA == (kFp8 ? BLOCK_N / 32 : BLOCK_N / 16) && kQ <= kP, "one P.V step per A fragment");
   const uint64_t desc_k = qk_desc<HEAD_DIM>(k_tile);
-  const uint64_t desc_v = kFp8 ? vt_desc(v_tile) : v_desc<BLOCK_N>(v_tile);
+  [[maybe_unused]] const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
   #pragma unroll
   for (int i = 0; i < kP; ++i) {
     if ((i * kQ) % kP < kQ) qk_step<BLOCK_N>(s, desc_q, desc_k, i * kQ / kP);
-    if constexpr (kFp8) pv_fp8_step<HEAD_DIM>(o, pa[i], desc_v, i, fresh);
+    if constexpr (kFp8) pv_fp8_terms_step<HEAD_DIM>(o, pa[i], v_tile, i, fresh);
     else pv16_step<HEAD_DIM, PV>(o, pa[i], desc_v, i);
   }
 }
@@ -790,7 +798,7 @@ cudaError_t launch_attn_wgmma(const AttnParams& p, cudaStream_t stream) {
 // H200 the issue of a wgmma stalls while the tensor cores are busy, so two warpgroups issuing
 // together finish together and fall into lockstep, gpu_dev_profile.py trace).
 // The producer gives most of its registers to the consumers (setmaxnreg).
-// V_BYTES: bytes per V element (2: fp16/bf16 V, MN-major; 1: FP8 V^T, K-major).
+// V_BYTES: bytes per V element (2: fp16/bf16 V, MN-major; 1: FP8 V^T, K-major, kFp8VTerms terms).
 template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int V_BYTES = 2, bool PERSISTENT = false>
 struct WgmmaWsTraits {
   static constexpr int kConsumers = NWG * 128;
@@ -798,7 +806,7 @@ struct WgmmaWsTraits {
   static constexpr int kCtaQ = NWG * 64;
   static constexpr int kQBytes = kCtaQ * HEAD_DIM;
   static constexpr int kKBytes = BLOCK_N * HEAD_DIM;
-  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * V_BYTES;
+  static constexpr int kVBytes = BLOCK_N * HEAD_DIM * (V_BYTES == 1 ? kFp8VTerms : V_BYTES);
   static constexpr int kQStages = PERSISTENT ? 2 : 1;  // Q buffers
   // full K, full V, empty per K/V stage; full and empty per Q buffer; then (persistent) the tile of
   // each Q buffer (int64, the dynamic scheduler's hand-over)
@@ -823,7 +831,7 @@ struct WgmmaWsTraits {
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
 };
 
-// SAGE_WG_TMA: the tensor maps of Q [B*Hq][q_pad][D], K [B*Hkv][k_pad][D] and V^T [B*Hkv][D][k_pad]
+// SAGE_WG_TMA: the tensor maps of Q [B*Hq][q_pad][D], K [B*Hkv][k_pad][D] and V^T [B*Hkv][terms*D][k_pad]
 // (bytes), kernel parameters (TMA reads a map from parameter space). NoTmaMaps: the cp.async path.
 struct WsTmaMaps {
   CUtensorMap q, k, vt;
@@ -991,8 +999,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         const wg::QKCopy<HEAD_DIM, BLOCK_N, 128> copy_k(gK, ptid);
         auto copy_v = [&] {
           if constexpr (kFp8)
-            return wg::VtCopy<HEAD_DIM, BLOCK_N, 128>(
-                static_cast<const uint8_t*>(p.v) + cta.bhkv * HEAD_DIM * p.k_pad, p.k_pad, ptid);
+            return wg::VtCopy<kFp8VTerms * HEAD_DIM, BLOCK_N, 128>(  // every term's rows
+                static_cast<const uint8_t*>(p.v) + cta.bhkv * kFp8VTerms * HEAD_DIM * p.k_pad, p.k_pad, ptid);
           else
             return wg::VCopy<HEAD_DIM, BLOCK_N, 128>(
                 reinterpret_cast<const __half*>(p.v) + cta.b * p.v_sb + cta.hkv * p.v_sh, p.v_sn, ptid);
@@ -1403,7 +1411,8 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
     } encoded[] = {
         {"Q", sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ)},
         {"K", sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N)},
-        {"V^T", sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, HEAD_DIM, bhkv, BLOCK_N, HEAD_DIM)},
+        {"V^T", sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, kFp8VTerms * HEAD_DIM, bhkv, BLOCK_N,
+                                      kFp8VTerms * HEAD_DIM)},  // one box: every term's rows
     };
     for (const auto& e : encoded) {
       if (e.result != CUDA_SUCCESS) {  // a tuning build's launcher: say why on stderr, then fail the op

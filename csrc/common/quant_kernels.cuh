@@ -3,8 +3,9 @@
 //     per_thread as in docs/architecture.md), optional mean subtraction (K smoothing) fused in,
 //     Q's scale multiplied by sm_scale*log2(e). Writes a padded HND-contiguous buffer whose rows
 //     past the sequence end are zero.
-//   * quant_v_fp8_kernel: V -> e4m3, transposed to [B, H, D, Npad] with the token order permuted
-//     inside each 16-token group so one ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
+//   * quant_v_fp8_kernel: V -> e4m3 terms hi and lo (kFp8VTerms, attn_params.h), transposed to
+//     [B, H, kFp8VTerms * D, Npad] with the token order permuted inside each 16-token group so one
+//     ldmatrix yields the mma's B fragment (see attn_kernel.cuh).
 //   * v_scale_kernel: V's per-channel FP8 scale over the tokens (and its mean when smoothing), the
 //     reduction and its end in one kernel.
 // CUDA headers only.
@@ -266,6 +267,7 @@ __host__ __device__ __forceinline__ int perm16(int q) {
 
 constexpr int kVBlock = 64;
 constexpr int kVMaxHeadDim = 128;
+constexpr float kE4m3Max = 448.f;  // e4m3's largest finite value, where a saturating conversion stops
 // Row pitch of the byte tile: 33 words, so the 16 tokens of one channel that a warp reads at once
 // in the transposed pass fall in distinct banks but for pairs 32 tokens apart.
 constexpr int kVTilePitch = kVMaxHeadDim + 4;
@@ -287,7 +289,7 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
   const int n0 = blk * kVBlock;
   const int D = p.head_dim;
   const int chunks_per_row = D / 8, n_chunks = kVBlock * chunks_per_row;
-  __shared__ __align__(16) uint8_t tile[kVBlock * kVTilePitch];
+  __shared__ __align__(16) uint8_t tile[kFp8VTerms][kVBlock * kVTilePitch];  // hi, then lo bytes
   const T* x = reinterpret_cast<const T*>(p.x) + b * p.x_sb + h * p.x_sh;
   const int64_t bh = static_cast<int64_t>(b) * p.heads + h;
   const float* scale = p.scale + bh * D;
@@ -309,7 +311,7 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
   };
   auto quantize_to_tile = [&](int tok, int d0, const uint4& raw) {
     const uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
-    uint32_t words[2] = {0u, 0u};  // tokens past the end are stored as zeros
+    uint32_t words[kFp8VTerms][2] = {};  // tokens past the end are stored as zeros
     if (n0 + tok < p.tokens) {
       #pragma unroll
       for (int k = 0; k < 8; k += 2) {
@@ -317,13 +319,24 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
         const float2 pair = make_float2(quotient_from_reciprocal(v.x - m[k], sb[k], sr[k]),
                                         quotient_from_reciprocal(v.y - m[k + 1], sb[k + 1], sr[k + 1]));
         // saturating, round to nearest even; pair.x in the low byte
-        const uint32_t two = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-        words[k / 4] |= two << (k % 4 == 0 ? 0 : 16);
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+        words[0][k / 4] |= static_cast<uint32_t>(two) << (k % 4 == 0 ? 0 : 16);
+        if constexpr (kFp8VTerms == 2) {
+          // lo = e4m3(x - hi), x clamped as hi saturates; e4m3 values are exact in fp16
+          const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3)));
+          const float2 rest = make_float2(fminf(fmaxf(pair.x, -kE4m3Max), kE4m3Max) - hi.x,
+                                          fminf(fmaxf(pair.y, -kE4m3Max), kE4m3Max) - hi.y);
+          const uint32_t lo = __nv_cvt_float2_to_fp8x2(rest, __NV_SATFINITE, __NV_E4M3);
+          words[1][k / 4] |= lo << (k % 4 == 0 ? 0 : 16);
+        }
       }
     }
-    uint32_t* dst = reinterpret_cast<uint32_t*>(tile + tok * kVTilePitch + d0);
-    dst[0] = words[0];
-    dst[1] = words[1];
+    #pragma unroll
+    for (int term = 0; term < kFp8VTerms; ++term) {
+      uint32_t* dst = reinterpret_cast<uint32_t*>(tile[term] + tok * kVTilePitch + d0);
+      dst[0] = words[term][0];
+      dst[1] = words[term][1];
+    }
   };
 
   if constexpr (SAME_CHANNELS) {
@@ -349,16 +362,17 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
     }
   }
   __syncthreads();
-  // One 32-bit word = 4 stored positions of one channel.
-  uint8_t* out = p.out + bh * D * p.padded_tokens + n0;
-  for (int w = threadIdx.x; w < D * (kVBlock / 4); w += kQuantThreads) {
-    const int d = w / (kVBlock / 4), q0 = (w % (kVBlock / 4)) * 4;
+  // One 32-bit word = 4 stored positions of one channel; term t's rows follow term t-1's D rows.
+  uint8_t* out = p.out + bh * kFp8VTerms * D * p.padded_tokens + n0;
+  for (int w = threadIdx.x; w < kFp8VTerms * D * (kVBlock / 4); w += kQuantThreads) {
+    const int row = w / (kVBlock / 4), q0 = (w % (kVBlock / 4)) * 4;
+    const int term = row / D, d = row % D;
     const int base = q0 & ~15;
     uint32_t word = 0;
     #pragma unroll
     for (int i = 0; i < 4; ++i)
-      word |= static_cast<uint32_t>(tile[(base + perm16((q0 + i) & 15)) * kVTilePitch + d]) << (8 * i);
-    *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(d) * p.padded_tokens + q0) = word;
+      word |= static_cast<uint32_t>(tile[term][(base + perm16((q0 + i) & 15)) * kVTilePitch + d]) << (8 * i);
+    *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * p.padded_tokens + q0) = word;
   }
 }
 

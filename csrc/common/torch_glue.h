@@ -179,7 +179,8 @@ inline c10::optional<std::pair<at::Tensor, at::Tensor>> v_scale_by_kernel(
 // FP8 P.V's static P scale and the value V's per-channel amax maps to by default (e4m3's max).
 constexpr double kFp8Max = 448.0;
 
-// V -> e4m3 [B, H, D, Npad] (token order permuted in 16-token groups, see quant_kernels.cuh),
+// V -> e4m3 [B, H, kFp8VTerms * D, Npad]: the hi rows, then the lo rows (attn_params.h), the token
+// order permuted in 16-token groups (quant_kernels.cuh),
 // per-channel scale [B, H, D] and, with smooth_v, the token mean [B, H, D] (else empty).
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launcher launch,
                                                                   VScaleLauncher scale_launch,
@@ -215,7 +216,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
     scale = (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
   }
   const int64_t pad = round_up(V.N, 64);
-  auto out = at::empty({V.B, V.H, V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
+  auto out = at::empty({V.B, V.H, kFp8VTerms * V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));
   QuantFp8Params p{};
   p.x = v.data_ptr();
   p.x_sb = V.sb; p.x_sh = V.sh; p.x_sn = V.sn;

@@ -213,11 +213,13 @@ def register_fp8_family_fakes(namespace: str) -> None:
 
     register_quant_int8_fake(namespace)
 
+    from ..reference import FP8_V_TERMS
+
     @torch.library.register_fake(f"{namespace}::quant_v_fp8")
     def _quant_v_fake(v, tensor_layout, smooth_v):
         b, h, n, d = bhnd(v, tensor_layout)
         padded = (n + 63) // 64 * 64
-        return (v.new_empty((b, h, d, padded), dtype=torch.float8_e4m3fn),
+        return (v.new_empty((b, h, FP8_V_TERMS * d, padded), dtype=torch.float8_e4m3fn),
                 v.new_empty((b, h, d), dtype=torch.float32),
                 v.new_empty((b, h, d) if smooth_v else (0,), dtype=torch.float32))
 
@@ -244,8 +246,9 @@ def fp8_family_quant_int8(namespace: str, x, *, tensor_layout, qk_quant_gran, is
 
 
 def fp8_family_quant_v_fp8(namespace: str, v, *, tensor_layout, smooth_v):
-    """``<namespace>::quant_v_fp8``: (e4m3 [B, H, D, Npad] with tokens permuted in 16-groups,
-    scale [B, H, D], mean [B, H, D] or empty)."""
+    """``<namespace>::quant_v_fp8``: (e4m3 [B, H, FP8_V_TERMS * D, Npad], V's hi rows then its lo
+    rows (``sageattention.reference.FP8_V_TERMS``), tokens permuted in 16-groups; scale [B, H, D];
+    mean [B, H, D] or empty)."""
     return _namespace_ops(namespace).quant_v_fp8(v, tensor_layout, bool(smooth_v))
 
 

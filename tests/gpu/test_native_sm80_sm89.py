@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import sageattention.native as native
 from sageattention import reference
+from sageattention.reference import FP8_V_TERMS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -259,16 +260,17 @@ def test_quant_int8_matches_reference(fam, d, dtype, layout):
     (40, 150, torch.float16, True, "HND"),   # D / 8 = 5: the path that sets up channels per chunk
     (8, 70, torch.bfloat16, True, "HND")])
 def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
-    # Bit for bit what the reference computes: (v - mean) / scale in fp32, one IEEE division, then
-    # a saturating e4m3 cast; scale = max(amax / 448, 1e-8); the stored layout [B, H, D, Npad],
-    # tokens permuted within 16-token groups, zeros past the end.
+    # Bit for bit what the reference computes: x = (v - mean) / scale in fp32, one IEEE division,
+    # then hi = a saturating e4m3 cast and lo = e4m3(clamp(x, +-448) - hi); scale = max(amax / 448,
+    # 1e-8); the stored layout [B, H, FP8_V_TERMS * D, Npad] (hi rows, then lo rows), tokens
+    # permuted within 16-token groups, zeros past the end.
     mod = family(fam)
     v_hnd = torch.randn(2, 3, n, d, device="cuda", dtype=dtype) * 3
     v_hnd[0, 1, :, 0] = 0  # an all-zero channel takes the scale floor
     v = v_hnd if layout == "HND" else v_hnd.transpose(1, 2).contiguous()
     v8, scale, mean = mod.quant_v_fp8(v, tensor_layout=layout, smooth_v=smooth_v)
     n_pad = (n + 63) // 64 * 64
-    assert v8.shape == (2, 3, d, n_pad) and v8.dtype == torch.float8_e4m3fn
+    assert v8.shape == (2, 3, FP8_V_TERMS * d, n_pad) and v8.dtype == torch.float8_e4m3fn
     vf = v_hnd.float()
     if smooth_v:
         assert torch.allclose(mean, vf.mean(dim=2), atol=1e-5)
@@ -279,12 +281,15 @@ def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
         centred = vf
         amax = vf.abs().amax(dim=2)
     assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(1e-8))
-    expected = (centred / scale[:, :, None]).to(torch.float8_e4m3fn).float()
+    x = centred / scale[:, :, None]
+    hi = x.to(torch.float8_e4m3fn).float()
+    terms = [hi, (x.clamp(-448, 448) - hi).to(torch.float8_e4m3fn).float()][:FP8_V_TERMS]
     perm = torch.tensor([2 * (p >> 2) + (p & 1) + 8 * ((p & 3) >> 1) for p in range(16)])
     tokens = torch.cat([perm + 16 * i for i in range(n_pad // 16)])  # stored position -> token
-    got = torch.zeros(2, 3, n_pad, d, device="cuda")
-    got[:, :, tokens] = v8.float().transpose(-1, -2)
-    assert torch.equal(got[:, :, :n], expected) and not got[:, :, n:].any()
+    for term, expected in enumerate(terms):
+        got = torch.zeros(2, 3, n_pad, d, device="cuda")
+        got[:, :, tokens] = v8[:, :, term * d:(term + 1) * d].float().transpose(-1, -2)
+        assert torch.equal(got[:, :, :n], expected) and not got[:, :, n:].any(), f"term {term}"
 
 
 @pytest.mark.parametrize("fam", FP8_FAMILIES)

@@ -16,6 +16,7 @@ import torch
 import sageattention.native as native
 from bindings_source import bindings_text, family_schemas
 from sageattention.native import sm89, sm90_fp8
+from sageattention.reference import FP8_V_TERMS
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = {"sm89": sm89, "sm90_fp8": sm90_fp8}
@@ -94,7 +95,8 @@ def test_quant_v_fake_gives_the_padded_transposed_shapes(family_on_schema, layou
     v = torch.empty((b, h, n, d) if layout == "HND" else (b, n, h, d), dtype=torch.bfloat16,
                     device="meta")
     v8, scale, mean = family_on_schema.quant_v_fp8(v, tensor_layout=layout, smooth_v=smooth_v)
-    assert v8.shape == (b, h, d, 128) and v8.dtype == torch.float8_e4m3fn  # tokens padded to 64
+    # hi rows then lo rows; tokens padded to 64
+    assert v8.shape == (b, h, FP8_V_TERMS * d, 128) and v8.dtype == torch.float8_e4m3fn
     assert scale.shape == (b, h, d) and scale.dtype == torch.float32
     assert mean.shape == ((b, h, d) if smooth_v else (0,)) and mean.dtype == torch.float32
 
