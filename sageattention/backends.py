@@ -149,7 +149,7 @@ def backend(name: str) -> Backend:
 # 351/294/408/375 against 335/286/372/344 at d=64 (benchmarks/results/h200-2026-12-03-wgmma-ws2.log).
 # It serves only (9, 0), so on newer GPUs that take this rule `Backend.serves` drops it (so does
 # cuda-sm90-fp8). Then cuda-sm80-fp16 before the FP8 backends: FP16 PV is the more accurate path
-# (cosine >= 0.9998 against FP8's 0.9992), on the H200 it measured faster than cuda-sm89-fp8 in all
+# (cosine >= 0.9998 against FP8's ~0.9996 with V's two e4m3 terms, ~0.9993 with one), on the H200 it measured faster than cuda-sm89-fp8 in all
 # 10 cases (release_notes/...+sm90...report.json: 0.44x vs 0.33x SDPA), and it takes the
 # accumulation modes cuda-sm90-fp16 lacks. cuda-sm90-fp8 (the wgmma kernel with FP8 PV) before
 # cuda-sm89-fp8: on the H200, fp16, non-causal/causal TOPS with "fp32+fp32", it measured 514/379 at
