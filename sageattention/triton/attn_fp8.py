@@ -2,11 +2,13 @@
 
 The SageAttention 2 recipe in Triton: Q and K are INT8 per block (K smoothed by its mean, Q's
 scale carrying ``sm_scale * log2(e)``), so the int8 dot gives base-2 scores; P is scaled by 448
-(e4m3's largest finite value, P <= 1 after the online-softmax shift) and cast to FP8 e4m3; V is FP8
-e4m3 with one scale per channel, stored transposed (tokens contiguous) so that it is the K-major B
-operand that Hopper's FP8 ``wgmma`` wants. Each K block's P@V product starts from zero and is added
-to the fp32 running output on the CUDA cores (two-level accumulation), so the tensor cores' reduced
-FP8 accumulation precision only ever spans one block.
+(e4m3's largest finite value, P <= 1 after the online-softmax shift) and cast to FP8 e4m3; V is two
+FP8 e4m3 terms with one scale per channel (hi = e4m3(x), lo = e4m3(x - hi), x = V / scale: the lo
+term takes V's own rounding error out, see ``reference.FP8_V_TERMS``), stored transposed (tokens
+contiguous) so that they are the K-major B operand that Hopper's FP8 ``wgmma`` wants. Each K block's
+P@V product (P@hi, then P@lo) starts from zero and is added to the fp32 running output on the CUDA
+cores (two-level accumulation), so the tensor cores' reduced FP8 accumulation precision only ever
+spans one block.
 
 On sm_90 Triton lowers both dots to ``wgmma`` (INT8 and FP8); on sm89 to ``mma.sync``.
 """
@@ -23,8 +25,13 @@ import triton.language as tl
 from . import quant
 from .quant import _exact_float, _round_half_even
 from .attn import _key_bounds, tma_available
+from ..reference import FP8_V_TERMS
 
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
+# e4m3 terms of V (hi, lo): the reference's rule, one place; the kernels take 1 or 2.
+V_TERMS = FP8_V_TERMS
+if V_TERMS not in (1, 2):
+    raise ImportError(f"reference.FP8_V_TERMS={V_TERMS} is not supported by the Triton FP8 kernel (1 or 2)")
 V_SCALE_FLOOR = 1e-8
 MIN_CAPABILITY = (8, 9)
 LOG2_P_SCALE = tl.constexpr(math.log2(FP8_MAX))  # P comes out of exp2 already scaled by 448
@@ -77,8 +84,10 @@ def pick_config(head_dim_padded: int, is_causal: bool, use_tma: bool = False) ->
 @triton.jit(do_not_specialize=["n_tokens", "n_pad"])
 def _quant_v_fp8_kernel(V, SCALE, VT, sv_b, sv_h, sv_n, n_heads, n_tokens, n_pad,
                         HEAD_DIM: tl.constexpr, D: tl.constexpr, BLK: tl.constexpr,
-                        PREROUND: tl.constexpr):
-    """VT[b, h, :, n] = fp8(V[b, h, n, :] * 448 / amax[b, h, :]); zeros past ``n_tokens`` and D."""
+                        PREROUND: tl.constexpr, V_TERMS: tl.constexpr):
+    """x = clamp(V[b, h, n, :] / scale[b, h, :], +-448); VT[b, h, :D, n] = hi = e4m3(x) and, with
+    two terms, VT[b, h, D:2D, n] = e4m3(x - hi) (residual in fp32: P@lo takes out V's rounding
+    error); zeros past ``n_tokens`` and HEAD_DIM."""
     blk = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
     b = tl.program_id(2).to(tl.int64)
@@ -91,15 +100,20 @@ def _quant_v_fp8_kernel(V, SCALE, VT, sv_b, sv_h, sv_n, n_heads, n_tokens, n_pad
     scale = tl.load(SCALE + (b * n_heads + h) * D + offs_d)
     x = tl.div_rn(v, scale[None, :])
     x = tl.trans(tl.minimum(tl.maximum(x, -448.0), 448.0))  # [D, BLK]: rows of tokens, stored whole
-    out = VT + (b * n_heads + h) * D * n_pad + offs_d[:, None].to(tl.int64) * n_pad + offs_n[None, :]
-    tl.store(out, _to_e4m3(x, PREROUND), mask=(offs_n < n_pad)[None, :])
+    out = VT + (b * n_heads + h) * V_TERMS * D * n_pad + offs_d[:, None].to(tl.int64) * n_pad + offs_n[None, :]
+    hi = _to_e4m3(x, PREROUND)
+    tl.store(out, hi, mask=(offs_n < n_pad)[None, :])
+    if V_TERMS == 2:
+        tl.store(out + D * n_pad, _to_e4m3(x - hi.to(tl.float32), PREROUND), mask=(offs_n < n_pad)[None, :])
 
 
 def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
-    """``v [B, H, N, D]`` (HND view, unit last stride) -> ``(vt fp8 [B, H, Dp, Npad], scale [B, H, Dp])``.
+    """``v [B, H, N, D]`` (HND view, unit last stride) -> ``(vt fp8 [B, H, V_TERMS * Dp, Npad],
+    scale [B, H, Dp])``.
 
     ``scale = max(amax over tokens / 448, 1e-8)`` per channel (padded channels get the floor), so
-    every value maps into e4m3's finite range.
+    every value maps into e4m3's finite range. ``vt`` holds V^T's hi rows (``e4m3(x)``), then its lo
+    rows (``e4m3(x - hi)``): one buffer, so one launch writes both and one TMA descriptor reads both.
     """
     if v.stride(-1) != 1:
         v = v.contiguous()
@@ -112,19 +126,22 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
         amax = torch.nn.functional.pad(amax, (0, dp - d))  # padded channels: the floor
     # One IEEE division (a tensor divisor: PyTorch multiplies by the reciprocal of a Python number).
     scale = torch.clamp_min(amax / torch.full((), FP8_MAX, device=v.device), V_SCALE_FLOOR)
-    vt = torch.empty((b, h, dp, n_pad), dtype=torch.float8_e4m3fn, device=v.device)
+    vt = torch.empty((b, h, V_TERMS * dp, n_pad), dtype=torch.float8_e4m3fn, device=v.device)
     blk = 128
     _quant_v_fp8_kernel[(triton.cdiv(n_pad, blk), h, b)](
         v, scale, vt, v.stride(0), v.stride(1), v.stride(2), h, n, n_pad,
-        HEAD_DIM=d, D=dp, BLK=blk, PREROUND=quant.interpreting(), num_warps=8)
+        HEAD_DIM=d, D=dp, BLK=blk, PREROUND=quant.interpreting(), V_TERMS=V_TERMS, num_warps=8)
     return vt, scale
 
 
 @triton.jit
 def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, stride_vd, start_n,
               n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0, kv_d0,
-              BLOCK_N: tl.constexpr, EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
-              PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr):
+              D: tl.constexpr, BLOCK_N: tl.constexpr, EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
+              PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr,
+              V_TERMS: tl.constexpr):
+    """One K block of the online softmax; P@V is P@hi, then P@lo (V_TERMS == 2) into the same
+    accumulator: the same e4m3 P, V's e4m3 rounding error taken out by the lo term."""
     start64 = tl.cast(start_n, tl.int64)
     # K and V^T buffers are zero-padded to whole blocks: no load masks.
     if USE_TMA:
@@ -145,16 +162,28 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
     p = tl.exp2(qk * scale - (m_new - LOG2_P_SCALE)[:, None])  # 448 * exp2(s - m), <= 448
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)  # 448 times the softmax denominator
-    # [BLOCK_N, D] tile of V^T's memory [D, N]: tokens contiguous, the K-major B operand.
+    # [BLOCK_N, D] tiles of V^T's memory [hi D rows, lo D rows][N]: tokens contiguous, the K-major
+    # B operand.
     if USE_TMA:
         vt = tl.trans(VT_DESC.load([kv_d0, start_n]))
     else:
         vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
     p8 = _to_e4m3(p, PREROUND)
     if TWO_LEVEL:
-        acc = acc * alpha[:, None] + tl.dot(p8, vt)
+        pv = tl.dot(p8, vt)
     else:
-        acc = tl.dot(p8, vt, acc * alpha[:, None])
+        pv = tl.dot(p8, vt, acc * alpha[:, None])
+    if V_TERMS == 2:
+        if USE_TMA:
+            vt_lo = tl.trans(VT_DESC.load([kv_d0 + D, start_n]))
+        else:
+            vt_lo = tl.load(VT_base + D * stride_vd + start64 + offs_n[:, None]
+                            + offs_d[None, :] * stride_vd)
+        pv = tl.dot(p8, vt_lo, pv)
+    if TWO_LEVEL:
+        acc = acc * alpha[:, None] + pv
+    else:
+        acc = pv
     return acc, l_i, m_new
 
 
@@ -166,7 +195,7 @@ def _attn_fp8_kernel(
     n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales, n_kpad,
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, RETURN_LSE: tl.constexpr,
-    PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr,
+    PREROUND: tl.constexpr, TWO_LEVEL: tl.constexpr, USE_TMA: tl.constexpr, V_TERMS: tl.constexpr,
 ):
     if IS_CAUSAL:  # tiles near the end do the most work: launch them first
         pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -186,11 +215,12 @@ def _attn_fp8_kernel(
                 + offs_d[None, :])
     q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
     K_base = K8 + b * sk_b + kvh * sk_h
-    VT_base = VT + (b * kv_heads + kvh) * D * n_kpad
+    VT_base = VT + (b * kv_heads + kvh) * V_TERMS * D * n_kpad
     KS_base = KS + (b * kv_heads + kvh) * n_k_scales
-    # Descriptor coordinates: rows of K8 viewed as [B*Hkv*n_kpad, D], of V^T as [B*Hkv*D, n_kpad].
+    # Descriptor coordinates: rows of K8 viewed as [B*Hkv*n_kpad, D], of V^T as
+    # [B*Hkv*V_TERMS*D, n_kpad] (a head's hi rows at kv_d0, its lo rows at kv_d0 + D).
     kv_row0 = ((b * kv_heads + kvh) * n_kpad).to(tl.int32)
-    kv_d0 = ((b * kv_heads + kvh) * D).to(tl.int32)
+    kv_d0 = ((b * kv_heads + kvh) * V_TERMS * D).to(tl.int32)
 
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -199,11 +229,13 @@ def _attn_fp8_kernel(
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
                                   start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
-                                  kv_d0, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA)
+                                  kv_d0, D, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA,
+                                  V_TERMS)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
                                   start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
-                                  kv_d0, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA)
+                                  kv_d0, D, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA,
+                                  V_TERMS)
 
     v_scale = tl.load(VS + (b * kv_heads + kvh) * D + offs_d)
     out = acc * v_scale[None, :] / l_i[:, None]  # the 448s of P and of l cancel
@@ -237,6 +269,7 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
 
         k2, vt2 = k8.view(-1, dp), vt.view(-1, vt.shape[3])  # both fresh and contiguous
         k_desc = TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [cfg.block_n, dp])
+        # one [dp, block_n] box: a head's hi tile and its lo tile dp rows below
         vt_desc = TensorDescriptor(vt2, list(vt2.shape), list(vt2.stride()), [dp, cfg.block_n])
     else:
         k_desc, vt_desc = k8, vt  # unused
@@ -249,7 +282,7 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         vt.shape[3],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=quant.interpreting(), TWO_LEVEL=cfg.two_level,
-        USE_TMA=cfg.use_tma,
+        USE_TMA=cfg.use_tma, V_TERMS=V_TERMS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

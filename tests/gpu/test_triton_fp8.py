@@ -1,9 +1,10 @@
 """The INT8-QK / FP8-PV Triton kernel (backend triton-fp8) on a real GPU of compute capability 8.9+.
 
 Against sageattention.reference under the same quantization (per_block, 128-token K blocks, FP8
-P and V): cosine >= 0.99999. Against fp32 SDPA: design.md's FP8 relative-L1 bar (<= 0.04) and no
-NaN/Inf at any length; the cosine bar (0.9993) is where this recipe lands on random inputs, so a
-floor of 0.999 is asserted here and the figure is what the benchmark and the suite report.
+P, V as two e4m3 terms): cosine >= 0.99999. Against fp32 SDPA: design.md's FP8 bars (relative L1
+<= 0.04, cosine >= 0.9993) and no NaN/Inf at any length. V's second e4m3 term (reference.FP8_V_TERMS)
+lifts the cosine from ~0.9993 (one term) to ~0.9996 on random inputs (H100, 2026-12-05), so the floor
+here (0.9995) is one a one-term kernel fails.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def test_lengths_match_reference_and_sdpa(dtype, d, causal, n):
     sdpa = torch.nn.functional.scaled_dot_product_attention(q.float(), kk, vv, is_causal=causal)
     cos, l1 = _metrics(out, sdpa)
     if n >= 128:  # a handful of keys per row makes both figures noisy below that
-        assert l1 <= 0.04 and cos >= 0.999, f"vs fp32 SDPA: cos={cos:.6f} rel_l1={l1:.5f}"
+        assert l1 <= 0.04 and cos >= 0.9995, f"vs fp32 SDPA: cos={cos:.6f} rel_l1={l1:.5f}"
 
 
 def test_cross_attention_nhd_and_sageattn_forced():
