@@ -60,9 +60,10 @@ for step in $STEPS; do
                  --benchmark-json "$S/calibration-benchmark.json" ;;
     table) # the table calibrate just measured, rebuilt from its raw JSON at the path it will be
            # committed under (so the shipped file is byte-identical), then the wheel rebuilt with it
-           # named after the card that measured it (h100-/h200-...), unless TABLE_SOURCE says
+           # named after the card that measured it (h100-/h200-...) and the commit (two calls of
+           # one day must not share a name), unless TABLE_SOURCE says
            card=$(sed -n '1s/.*\(H[0-9]\{3\}\).*/\1/p' "$S/gpu.txt" | tr 'H' 'h')
-           src=benchmarks/results/${TABLE_SOURCE:-${card:-gpu}-$(date +%F)-calibration.json}
+           src=benchmarks/results/${TABLE_SOURCE:-${card:-gpu}-$(date +%F)-calibration${SOURCE_COMMIT:+-${SOURCE_COMMIT:0:7}}.json}
            cd "$REPO"
            cp "$S/calibration-benchmark.json" "$src" &&
              t table 60 python3 -m sageattention.calibrate --from-benchmark "$src" \

@@ -234,13 +234,14 @@ def test_tune_call_skips_the_steps_a_short_call_turns_off(tmp_path, skip):
     assert (tmp_path / "out" / "tune.tgz").is_file()
 
 
-@pytest.mark.parametrize("gpu, table_source, expected", [
-    ("NVIDIA H100 80GB HBM3", None, "h100-{date}-calibration.json"),
-    ("NVIDIA H200", None, "h200-{date}-calibration.json"),
-    ("NVIDIA A100-SXM4-80GB", None, "gpu-{date}-calibration.json"),
-    ("NVIDIA H100 80GB HBM3", "mine.json", "mine.json"),
+@pytest.mark.parametrize("gpu, table_source, commit, expected", [
+    ("NVIDIA H100 80GB HBM3", None, "2d294685db6e", "h100-{date}-calibration-2d29468.json"),
+    ("NVIDIA H200", None, "abc", "h200-{date}-calibration-abc.json"),
+    ("NVIDIA A100-SXM4-80GB", None, "", "gpu-{date}-calibration.json"),
+    ("NVIDIA H100 80GB HBM3", "mine.json", "abc", "mine.json"),
 ])
-def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, table_source, expected):
+def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, table_source, commit,
+                                                                 expected):
     # stand-ins: nvidia-smi names the card; python3 records its arguments and creates the files
     # that --benchmark-json and --out name, so the table step can copy them; nothing is built
     bin_dir = tmp_path / "bin"
@@ -256,7 +257,7 @@ def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, 
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "results").mkdir(parents=True)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               STEPS="calibrate table", SOURCE_COMMIT="abc")
+               STEPS="calibrate table", SOURCE_COMMIT=commit)
     env.pop("TABLE_SOURCE", None)
     if table_source:
         env["TABLE_SOURCE"] = table_source
