@@ -32,6 +32,15 @@ def test_the_fp8_families_define_one_schema_set():
         assert module.load.family == family and module.load.extension == module.EXTENSION
 
 
+def test_the_kernels_take_as_many_v_terms_as_the_reference_and_the_fakes():
+    # The quantized V's row count (the fakes, the Triton kernel: reference.FP8_V_TERMS) must be what
+    # the CUDA kernels index with (kFp8VTerms, csrc/common/attn_params.h), or they read the wrong rows.
+    header = (ROOT / "csrc" / "common" / "attn_params.h").read_text()
+    default = re.search(r"#ifndef SAGE_FP8_V_TERMS\n#define SAGE_FP8_V_TERMS (\d+)\n#endif", header)
+    assert default and int(default.group(1)) == FP8_V_TERMS
+    assert "constexpr int kFp8VTerms = SAGE_FP8_V_TERMS;" in header
+
+
 @pytest.mark.parametrize("family", MODULES)
 def test_bindings_accept_the_accumulations_of_the_family_table(family):
     # parse_accum's accepted strings are families.json's pv_accum_dtype for that family
