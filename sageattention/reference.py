@@ -301,10 +301,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         elif inner_fp16:
             acc = acc * alpha[..., None] + _accumulate(torch.zeros_like(acc), p_q, v_blk, chunk)
         else:
-            pv = p_q @ v_blk[0]
-            for t in v_blk[1:]:
-                pv = pv + p_q @ t
-            acc = acc * alpha[..., None] + pv
+            acc = acc * alpha[..., None] + sum(p_q @ t for t in v_blk)  # hi, then lo
         m = m_new
 
     out_hnd = acc / row_sum[..., None]
