@@ -831,10 +831,11 @@ struct WgmmaWsTraits {
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
 };
 
-// SAGE_WG_TMA: the tensor maps of Q [B*Hq][q_pad][D], K [B*Hkv][k_pad][D] and V^T [B*Hkv][terms*D][k_pad]
-// (bytes), kernel parameters (TMA reads a map from parameter space). NoTmaMaps: the cp.async path.
+// SAGE_WG_TMA: the tensor maps of Q [B*Hq][q_pad][D] and K [B*Hkv][k_pad][D] (bytes), and of V:
+// FP8 V^T [B*Hkv][terms*D][k_pad] (bytes) or 16-bit V as the caller gave it (sm90::encode_v16_map);
+// kernel parameters (TMA reads a map from parameter space). NoTmaMaps: the cp.async path.
 struct WsTmaMaps {
-  CUtensorMap q, k, vt;
+  CUtensorMap q, k, v;
 };
 struct NoTmaMaps {};
 
@@ -879,12 +880,11 @@ template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind P
           bool TWO_LEVEL = false, bool PERSISTENT = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p,
-                         const __grid_constant__ std::conditional_t<SAGE_WG_TMA && PV == PvKind::kFp8, WsTmaMaps,
-                                                                    NoTmaMaps> maps,
+                         const __grid_constant__ std::conditional_t<SAGE_WG_TMA != 0, WsTmaMaps, NoTmaMaps> maps,
                          unsigned long long* tile_counter) {  // SAGE_WG_PERSISTENT 2: zeroed per call
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
-  constexpr bool kTma = SAGE_WG_TMA && kFp8;  // the copy engine fills Q, K and V^T
+  constexpr bool kTma = SAGE_WG_TMA != 0;  // the copy engine fills Q, K and V (or V^T)
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
@@ -948,11 +948,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   if (wgi == NWG) {  // ---- producer ----
     sm90::regs_lower<Tr::kProducerRegs>();
     const int ptid = tid - Tr::kConsumers;
-    if constexpr (kTma) {  // one thread issues every copy; rows past k_pad arrive as zeros
+    if constexpr (kTma) {  // one thread issues every copy; rows past k_pad (V: kv_len) arrive as zeros
       if (ptid != 0) return;
       sm90::tma_prefetch_map(&maps.q);
       sm90::tma_prefetch_map(&maps.k);
-      sm90::tma_prefetch_map(&maps.vt);
+      sm90::tma_prefetch_map(&maps.v);
     }
     int g0 = 0, it = 0;
     for (int64_t tile = first_tile; kDynamic || tile < n_tiles; tile += tile_step, ++it) {
@@ -990,7 +990,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           sm90::mbar_arrive_expect_tx(full_k(st), Tr::kKBytes);
           sm90::tma_load_3d(sK + st * Tr::kKBytes, &maps.k, 0, kb * BLOCK_N, static_cast<int>(cta.bhkv), full_k(st));
           sm90::mbar_arrive_expect_tx(full_v(st), Tr::kVBytes);
-          sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.vt, kb * BLOCK_N, 0, static_cast<int>(cta.bhkv), full_v(st));
+          if constexpr (kFp8) {
+            sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.v, kb * BLOCK_N, 0, static_cast<int>(cta.bhkv), full_v(st));
+          } else {  // one box per 64-channel MN-major atom, each its own BLOCK_N x 128-byte block (VCopy)
+            #pragma unroll
+            for (int atom = 0; atom < HEAD_DIM / 64; ++atom)
+              sm90::tma_load_4d(sV + st * Tr::kVBytes + atom * BLOCK_N * 128, &maps.v, atom * 64, kb * BLOCK_N,
+                                cta.hkv, cta.b, full_v(st));
+          }
         }
       } else {
         const int8_t* gK = p.k + cta.bhkv * p.k_pad * HEAD_DIM;
@@ -1399,7 +1406,7 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
   // No key would ever land: the consumers would wait on K block 0 forever. The ops refuse empty K
   // before this; the check keeps a direct caller from hanging the GPU.
   if (p.kv_len <= 0) return cudaErrorInvalidValue;
-  constexpr bool kTma = SAGE_WG_TMA && PV == PvKind::kFp8;
+  constexpr bool kTma = SAGE_WG_TMA != 0;
   constexpr int kVBytes = PV == PvKind::kFp8 ? 1 : 2;
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes>;
   std::conditional_t<kTma, WsTmaMaps, NoTmaMaps> maps;
@@ -1411,8 +1418,12 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
     } encoded[] = {
         {"Q", sm90::encode_byte_map(&maps.q, p.q, HEAD_DIM, p.q_pad, bhq, HEAD_DIM, Tr::kCtaQ)},
         {"K", sm90::encode_byte_map(&maps.k, p.k, HEAD_DIM, p.k_pad, bhkv, HEAD_DIM, BLOCK_N)},
-        {"V^T", sm90::encode_byte_map(&maps.vt, p.v, p.k_pad, kFp8VTerms * HEAD_DIM, bhkv, BLOCK_N,
-                                      kFp8VTerms * HEAD_DIM)},  // one box: every term's rows
+        {PV == PvKind::kFp8 ? "V^T" : "V",
+         PV == PvKind::kFp8
+             ? sm90::encode_byte_map(&maps.v, p.v, p.k_pad, kFp8VTerms * HEAD_DIM, bhkv, BLOCK_N,
+                                     kFp8VTerms * HEAD_DIM)  // one box: every term's rows
+             : sm90::encode_v16_map(&maps.v, p.v, HEAD_DIM, p.kv_len, p.kv_heads, p.batch, p.v_sn, p.v_sh, p.v_sb,
+                                    BLOCK_N)},
     };
     for (const auto& e : encoded) {
       if (e.result != CUDA_SUCCESS) {  // a tuning build's launcher: say why on stderr, then fail the op

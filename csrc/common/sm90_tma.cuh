@@ -33,6 +33,17 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// The same for a 4-D map (16-bit V as the caller gave it: channels, tokens, heads, batches).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+
 // ---- host ----
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none). Only a
@@ -69,6 +80,30 @@ inline CUresult encode_byte_map(CUtensorMap* map, const void* base, uint64_t row
                 CU_TENSOR_MAP_INTERLEAVE_NONE,
                 box_row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// A 4-D map of 16-bit V [batch][heads][tokens][head_dim] with the caller's element strides (the
+// head dim contiguous; torch_glue.h guarantees 16-byte strides and base), read as boxes of 64
+// channels (128 bytes, 128B swizzle: one MN-major atom of the wgmma B tile) x box_rows tokens.
+// Tokens past `tokens` arrive as zeros (P is 0 there, and V must not be NaN). The strides need not
+// grow with the dimension (NHD: the head stride is the smallest), but a dimension of extent > 1
+// must not have stride 0 (torch_glue.h's tma_friendly copies such a V).
+inline CUresult encode_v16_map(CUtensorMap* map, const void* base, uint64_t head_dim, uint64_t tokens, uint64_t heads,
+                               uint64_t batch, int64_t s_token, int64_t s_head, int64_t s_batch, uint32_t box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const cuuint64_t dims[4] = {head_dim, tokens, heads, batch};
+  // bytes, dims 1-3; a dimension of extent 1 is only ever read at 0, so its stride (which torch
+  // leaves arbitrary, 0 included) is replaced by one the encoder accepts
+  const int64_t given[3] = {s_token, s_head, s_batch};
+  cuuint64_t strides[3];
+  for (int i = 0; i < 3; ++i)
+    strides[i] = dims[i + 1] == 1 ? head_dim * 2 : static_cast<cuuint64_t>(given[i]) * 2;
+  const cuuint32_t box[4] = {64, box_rows, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 }  // namespace sage::sm90

@@ -58,6 +58,15 @@ inline at::Tensor vector_friendly(const at::Tensor& x) {
   return c;
 }
 
+// vector_friendly, and no dimension of extent > 1 with stride 0 (a broadcast, e.g. expand()): the
+// bulk tensor copy engine's maps (sm90_tma.cuh) take strides of at least 16 bytes.
+inline at::Tensor tma_friendly(const at::Tensor& x) {
+  at::Tensor c = vector_friendly(x);
+  for (int d = 0; d < 3; ++d)
+    if (c.size(d) > 1 && c.stride(d) == 0) return vector_friendly(c.contiguous());
+  return c;
+}
+
 // Batch and heads ride the launch grid's y/z dims (grid_limits.h).
 inline void check_grid_limit(const View& X, const char* name) {
   TORCH_CHECK(X.B <= kMaxGridYZ && X.H <= kMaxGridYZ, name, " has batch ", num(X.B), " and ", num(X.H),

@@ -42,7 +42,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   const glue::QuantizedQK qk = glue::quantize_qk(&sm90::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
   // "fp32" accumulation: V as given, fp16 or bf16 (check_qkv: q's dtype), P.V in that type.
   const DType dtype = glue::dtype_of(q);
-  const at::Tensor v16 = glue::vector_friendly(v);
+  const at::Tensor v16 = glue::tma_friendly(v);  // the kernel may read V by tensor map (SAGE_WG_TMA)
   const glue::View V = glue::view_of(v16, hnd);
 
   return glue::run_attention(

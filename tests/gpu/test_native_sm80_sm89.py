@@ -168,6 +168,35 @@ def test_cross_attention_gqa_mqa(fam, nq, nk, hq, hkv, causal):
         assert cos >= BARS[fam][0], cos
 
 
+# V views a caller may pass: the kernels read V through its strides (the sm90 family by tensor map,
+# whose strides must be at least 16 bytes: a broadcast is copied first). Each must give exactly the
+# output of the same values made contiguous.
+@pytest.mark.parametrize("fam", SPEC)
+@pytest.mark.parametrize("view", ("batch_broadcast", "token_slice", "head_slice", "nhd_slice"))
+@pytest.mark.parametrize("d", (64, 128))
+def test_v_views_match_contiguous_v(fam, view, d):
+    family(fam)
+    b, hq, hkv, n = 2, 4, 2, 333
+    q, k, _ = make_qkv(b, hq, hkv, n, n, d, seed=d)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    layout = "HND"
+    if view == "batch_broadcast":  # stride 0 along the batch
+        v = torch.randn(1, hkv, n, d, generator=g, device="cuda").half().expand(b, -1, -1, -1)
+    elif view == "token_slice":  # starts 5 tokens in, rows of a longer sequence
+        v = torch.randn(b, hkv, n + 40, d, generator=g, device="cuda").half()[:, :, 5:5 + n]
+    elif view == "head_slice":  # every other head of a wider tensor
+        v = torch.randn(b, 2 * hkv, n, d, generator=g, device="cuda").half()[:, ::2]
+    else:  # NHD, heads 1.. of a wider tensor
+        layout = "NHD"
+        q, k = (t.transpose(1, 2) for t in (q, k))
+        v = torch.randn(b, n, hkv + 1, d, generator=g, device="cuda").half()[:, :, 1:]
+    assert not v.is_contiguous()
+    out, _ = run(fam, q, k, v, layout=layout)
+    expected, _ = run(fam, q, k, v.contiguous(), layout=layout)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, expected)
+
+
 # sm89's "fp32+fp16" (index 2) maps V's amax to 2.25 (not 448) so its fp16 inner sums stay finite;
 # the reference does the same (sageattention.reference.fp8_v_max_for).
 @pytest.mark.parametrize("fam, accum_index",
