@@ -838,6 +838,11 @@ struct WsTmaMaps {
   CUtensorMap q, k, v;
 };
 struct NoTmaMaps {};
+// Whether the kernel for P.V type PV takes the TMA path: a variable template, so that the maps'
+// members are named only where the instantiation has them (a plain constant would have the
+// compiler check `maps.q` in the cp.async build too).
+template <PvKind PV>
+inline constexpr bool kWsTma = SAGE_WG_TMA != 0;
 
 // PV: fp16 / bf16 P.V on V as given ("fp32" accumulation; the sm90 family), or FP8 (P * 448 and the
 // sm89 family's e4m3 V^T with per-channel scales; the sm90_fp8 family). TWO_LEVEL (FP8):
@@ -880,11 +885,11 @@ template <int HEAD_DIM, int NWG, int BLOCK_N, int STAGES, int PINGPONG, PvKind P
           bool TWO_LEVEL = false, bool PERSISTENT = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES>::kMinBlocks)
     attn_wgmma_ws_kernel(const AttnParams p,
-                         const __grid_constant__ std::conditional_t<SAGE_WG_TMA != 0, WsTmaMaps, NoTmaMaps> maps,
+                         const __grid_constant__ std::conditional_t<kWsTma<PV>, WsTmaMaps, NoTmaMaps> maps,
                          unsigned long long* tile_counter) {  // SAGE_WG_PERSISTENT 2: zeroed per call
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
-  constexpr bool kTma = SAGE_WG_TMA != 0;  // the copy engine fills Q, K and V (or V^T)
+  constexpr bool kTma = kWsTma<PV>;  // the copy engine fills Q, K and V (or V^T)
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
@@ -1406,7 +1411,7 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
   // No key would ever land: the consumers would wait on K block 0 forever. The ops refuse empty K
   // before this; the check keeps a direct caller from hanging the GPU.
   if (p.kv_len <= 0) return cudaErrorInvalidValue;
-  constexpr bool kTma = SAGE_WG_TMA != 0;
+  constexpr bool kTma = kWsTma<PV>;
   constexpr int kVBytes = PV == PvKind::kFp8 ? 1 : 2;
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kVBytes>;
   std::conditional_t<kTma, WsTmaMaps, NoTmaMaps> maps;

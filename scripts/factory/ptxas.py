@@ -118,10 +118,11 @@ def short_name(mangled: str) -> str:
 
 
 def compile_report(nvcc: Path, build: FamilyBuild, source: Path, defines: Sequence[str],
-                   workdir: Path) -> tuple[list[Kernel], list[str]]:
-    """Compile one .cu for the build's single SASS target and parse what ptxas said."""
-    cubin = workdir / f"{build.family.name}_{source.stem}_{build.sass[0]}.cubin"
-    cmd = [str(nvcc), *nvcc_flags(build), "-cubin", "-Xptxas=-v",
+                   workdir: Path, host: bool = False) -> tuple[list[Kernel], list[str]]:
+    """Compile one .cu for the build's single SASS target and parse what ptxas said; host: also
+    its host code (an object file), which a cubin alone never compiles."""
+    cubin = workdir / f"{build.family.name}_{source.stem}_{build.sass[0]}.{'o' if host else 'cubin'}"
+    cmd = [str(nvcc), *nvcc_flags(build), "-c" if host else "-cubin", "-Xptxas=-v",
            *[f"-D{d}" for d in defines], *[f"-I{p}" for p in include_dirs(build)],
            "-o", str(cubin), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -133,9 +134,9 @@ def compile_report(nvcc: Path, build: FamilyBuild, source: Path, defines: Sequen
 
 def report(families: Iterable[str] | None = None, sms: Iterable[int] | None = None,
            defines: Sequence[str] = (), jobs: int | None = None,
-           nvcc: Path | None = None) -> tuple[list[Kernel], list[str]]:
+           nvcc: Path | None = None, host: bool = False) -> tuple[list[Kernel], list[str]]:
     """Every kernel of the chosen families (default: all) for each SM they serve (default: all;
-    ``sms`` narrows it)."""
+    ``sms`` narrows it); host: compile each file's host code too (`compile_report`)."""
     table = load_families()
     names = list(families) if families else list(table)
     unknown = [n for n in names if n not in table]
@@ -159,7 +160,7 @@ def report(families: Iterable[str] | None = None, sms: Iterable[int] | None = No
     loose: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ptxas-") as tmp, \
             concurrent.futures.ThreadPoolExecutor(jobs or jobs_from_env()) as pool:
-        for found, notes in pool.map(lambda w: compile_report(nvcc, *w, defines, Path(tmp)), work):
+        for found, notes in pool.map(lambda w: compile_report(nvcc, *w, defines, Path(tmp), host), work):
             kernels += found
             loose += notes
     return kernels, loose
@@ -204,9 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any kernel spills, has a stack frame or a performance note")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the kernels as JSON")
+    parser.add_argument("--host", action="store_true",
+                        help="also compile each file's host code (object files, slower): a launcher "
+                             "that does not compile for some -D set fails here, not in a device build")
     args = parser.parse_args(argv)
     try:
-        kernels, loose = report(args.family, args.sm, args.defines, args.jobs)
+        kernels, loose = report(args.family, args.sm, args.defines, args.jobs, host=args.host)
     except FactoryError as exc:  # no nvcc, an unknown family, a bad MAX_JOBS, a failed compile
         print(f"error: {exc}", file=sys.stderr)
         return 2

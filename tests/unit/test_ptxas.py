@@ -120,3 +120,23 @@ def test_a_bad_max_jobs_is_a_clear_error(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(ptxas, "find_nvcc", lambda: fake_nvcc)
     assert ptxas.main(["--family", "sm75"]) == 2
     assert "MAX_JOBS must be a positive integer, got 'many'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host, flag, output", [(False, "-cubin", ".cubin"), (True, "-c", ".o")])
+def test_host_compiles_objects_so_launchers_are_compiled_too(monkeypatch, tmp_path, host, flag, output):
+    # a fake nvcc that records its arguments and prints ptxas -v's lines for one clean kernel
+    log = tmp_path / "args"
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n"
+                         f"echo \"ptxas info    : Compiling entry function '{A}' for 'sm_90a'\"\n"
+                         f"echo 'ptxas info    : Function properties for {A}'\n"
+                         "echo '    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads'\n"
+                         "echo 'ptxas info    : Used 168 registers, used 1 barriers'\n")
+    fake_nvcc.chmod(0o755)
+    kernels, _ = ptxas.report(["sm90"], [90], nvcc=fake_nvcc, jobs=1, host=host)
+    calls = log.read_text().splitlines()
+    assert calls and kernels and all(k.name == A for k in kernels)
+    for call in calls:
+        args = call.split()
+        assert flag in args and "-Xptxas=-v" in args
+        assert ("-cubin" in args) != host and args[args.index("-o") + 1].endswith(output)
