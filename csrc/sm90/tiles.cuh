@@ -5,6 +5,17 @@
 // / 408 / 375 TOPS against 313 / 277 / 347 / 334 with one warpgroup and two CTAs per SM); 128-key
 // blocks, a ring of two K/V buffers, no ping-pong (slower: ...-wgmma-ws1.log, `ws2pp`).
 #pragma once
+// The family's kernel levers, on since 2026-12-05: Q, K and V by the bulk tensor copy engine and
+// persistent CTAs taking tiles from a per-call counter. Together 1.050x the previous default
+// geomean, 1.019-1.098x per case (benchmarks/results/h200-2026-12-05-tune-ba2477b-native.log,
+// variant tp16, an H200; the copy engine alone t16 1.030x; with the fused update and early
+// preset, all16, 1.050x but 1.009x at 1x32x16384x128). A -D on the command line overrides each.
+#ifndef SAGE_WG_TMA
+#define SAGE_WG_TMA 1
+#endif
+#ifndef SAGE_WG_PERSISTENT
+#define SAGE_WG_PERSISTENT 2
+#endif
 #include "../common/attn_wgmma.cuh"
 
 namespace sage::sm90 {
