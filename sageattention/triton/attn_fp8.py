@@ -135,6 +135,19 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
 
 
 @triton.jit
+def _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d, kv_d0,
+                  ROW: tl.constexpr, USE_TMA: tl.constexpr):
+    """[BLOCK_N, D] tile of V^T's term that starts ROW rows into the head's [hi D rows, lo D rows][N]
+    memory (ROW = 0: hi, ROW = D: lo): tokens contiguous, the K-major B operand. The buffer is
+    zero-padded to whole blocks: no load mask."""
+    if USE_TMA:
+        tile = tl.trans(VT_DESC.load([kv_d0 + ROW, start_n]))
+    else:
+        tile = tl.load(VT_base + ROW * stride_vd + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
+    return tile
+
+
+@triton.jit
 def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, stride_vd, start_n,
               n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0, kv_d0,
               D: tl.constexpr, BLOCK_N: tl.constexpr, EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr,
@@ -162,23 +175,15 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
     p = tl.exp2(qk * scale - (m_new - LOG2_P_SCALE)[:, None])  # 448 * exp2(s - m), <= 448
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)  # 448 times the softmax denominator
-    # [BLOCK_N, D] tiles of V^T's memory [hi D rows, lo D rows][N]: tokens contiguous, the K-major
-    # B operand.
-    if USE_TMA:
-        vt = tl.trans(VT_DESC.load([kv_d0, start_n]))
-    else:
-        vt = tl.load(VT_base + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
+    vt = _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d, kv_d0, 0, USE_TMA)
     p8 = _to_e4m3(p, PREROUND)
     if TWO_LEVEL:
         pv = tl.dot(p8, vt)
     else:
         pv = tl.dot(p8, vt, acc * alpha[:, None])
-    if V_TERMS == 2:
-        if USE_TMA:
-            vt_lo = tl.trans(VT_DESC.load([kv_d0 + D, start_n]))
-        else:
-            vt_lo = tl.load(VT_base + D * stride_vd + start64 + offs_n[:, None]
-                            + offs_d[None, :] * stride_vd)
+    if V_TERMS == 2:  # the lo term, D rows below hi, into the same accumulator
+        vt_lo = _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d, kv_d0, D,
+                              USE_TMA)
         pv = tl.dot(p8, vt_lo, pv)
     if TWO_LEVEL:
         acc = acc * alpha[:, None] + pv
