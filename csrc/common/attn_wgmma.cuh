@@ -1431,7 +1431,9 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
                                     BLOCK_N)},
     };
     for (const auto& e : encoded) {
-      if (e.result != CUDA_SUCCESS) {  // a tuning build's launcher: say why on stderr, then fail the op
+      // Not expected for inputs the bindings pass (16-byte strides and base, tma_friendly); if it
+      // happens, say which map and why on stderr and fail the op (the binding raises), never guess.
+      if (e.result != CUDA_SUCCESS) {
         std::fprintf(stderr, "SAGE_WG_TMA: the tensor map of %s was refused (CUresult %d%s)\n", e.name,
                      static_cast<int>(e.result),
                      e.result == CUDA_ERROR_NOT_FOUND ? ": the driver has no cuTensorMapEncodeTiled" : "");

@@ -1,9 +1,10 @@
 """What ptxas made of each kernel: registers, spills, stack, and its performance notes.
 
     python -m scripts.factory ptxas [--family F ...] [--sm 90 ...] [-D NAME[=VALUE] ...]
-                                    [--kernel REGEX] [--strict] [--json FILE]
+                                    [--kernel REGEX] [--strict] [--json FILE] [--host]
 
-Compiles each family's .cu files to cubins (device code only: seconds per file) with the release
+Compiles each family's .cu files to cubins (device code only: seconds per file; ``--host`` to
+object files, so that the launchers' host code compiles too, a few seconds more) with the release
 flags of the factory's kernel build and ``-Xptxas=-v``, one SM target at a time, and tabulates
 every kernel. A spill, a stack frame or a ptxas performance note (``(C7510) Potential Performance
 Loss``: the wgmma pipeline serialized, as a ``printf`` in a wgmma kernel once caused) costs speed
@@ -121,10 +122,10 @@ def compile_report(nvcc: Path, build: FamilyBuild, source: Path, defines: Sequen
                    workdir: Path, host: bool = False) -> tuple[list[Kernel], list[str]]:
     """Compile one .cu for the build's single SASS target and parse what ptxas said; host: also
     its host code (an object file), which a cubin alone never compiles."""
-    cubin = workdir / f"{build.family.name}_{source.stem}_{build.sass[0]}.{'o' if host else 'cubin'}"
+    output = workdir / f"{build.family.name}_{source.stem}_{build.sass[0]}.{'o' if host else 'cubin'}"
     cmd = [str(nvcc), *nvcc_flags(build), "-c" if host else "-cubin", "-Xptxas=-v",
            *[f"-D{d}" for d in defines], *[f"-I{p}" for p in include_dirs(build)],
-           "-o", str(cubin), str(source)]
+           "-o", str(output), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise ToolchainError(f"nvcc failed on {source} ({build.family.name}, sm{build.sass[0]}):\n"
@@ -188,8 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory ptxas",
         description="Compile kernel families to cubins with ptxas -v and tabulate registers, "
-                    "stack, spills and ptxas performance notes per kernel (device code only; no "
-                    "torch, no GPU).",
+                    "stack, spills and ptxas performance notes per kernel (device code only, or with "
+                    "--host the launchers too; no torch, no GPU).",
         epilog="exit codes: 0 done (with --strict: nothing found); 1 --strict found a spill, a "
                "stack frame or a performance note; 2 bad arguments or nvcc failed.")
     parser.add_argument("--family", nargs="+", metavar="F",
