@@ -408,6 +408,7 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     monkeypatch.setattr(benchmark, "run", fake_run)
     monkeypatch.setattr(benchmark, "document", fake_document)
+    assert calibrate.build_parser().parse_args(["--out", "x.json"]).rounds == calibrate.DEFAULT_ROUNDS == 2
     assert calibrate.main(["--out", str(tmp_path / "sm89.json")]) == 2  # refused before measuring
     assert "use sm90.json" in capsys.readouterr().err and not seen
     out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
