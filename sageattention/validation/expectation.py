@@ -107,11 +107,15 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
             name = backend_name(family, op)
             if here in spec.get("serves", []) and sass_ok:
                 sass.append(NativeBackend(name, family, "sass"))
-            elif spec.get("embed_ptx"):
-                # PTX JIT-compiles forward only: a compute_75 PTX runs on sm75 and newer.
+            elif not spec.get("arch_specific") and (here in spec.get("serves", []) or spec.get("embed_ptx")):
+                # The family's PTX (its embed_ptx, or a '+PTX' target it serves: sm80+PTX gives
+                # the sm80 family compute_80) JIT-compiles forward only: compute_75 runs on sm75
+                # and newer. As in the dispatcher (backends.py), a '+PTX' family runs only on the
+                # GPUs it serves, an embed_ptx family on every newer one; arch-specific families
+                # (sm_90a) never carry PTX.
                 usable = sorted(sm for sm in ptx_sms & serves if sm <= gpu_sm)
                 if usable:
-                    ptx.append(NativeBackend(name, family, "ptx", spec["embed_ptx"]))
+                    ptx.append(NativeBackend(name, family, "ptx", f"compute_{usable[-1]}"))
     if sass:
         notes = tuple(f"{b.family} family also embeds PTX; not exercised (SASS present)"
                       for b in ptx)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sageattention import benchmark
+from sageattention import backends, benchmark
 from sageattention.validation import CHECK_NAMES, CHECKS, run_suite
 from sageattention.validation import __main__ as cli
 from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, bar_for, errors
@@ -383,6 +383,33 @@ def test_ptx_listed_in_build_info_counts():
     build["ptx"] = []
     with pytest.raises(NoNativeCode):
         expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+
+
+@pytest.mark.parametrize("targets, families, ptx_arch", [
+    (["sm80+PTX"], ["sm80"], "compute_80"),
+    (["sm86+PTX"], ["sm80"], "compute_86"),
+    (["sm89+PTX"], ["sm80", "sm89"], "compute_89"),
+])
+def test_ampere_and_ada_ptx_wheels_on_sm90_run_each_family_through_its_ptx(targets, families, ptx_arch):
+    build = {**SM90_BUILD, "sm_targets": targets, "families": families}
+    e = expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+    assert e.execution == "ptx-jit"
+    assert [(b.family, b.via, b.ptx_arch) for b in e.backends] == [(f, "ptx", ptx_arch) for f in families]
+    # the same wheel on its own GPU runs its SASS; PTX forward only: not on an older GPU
+    own = int(targets[0][2:4])
+    assert expect(gpu_sm=own, families_table=FAMILIES, build_info=build, available={}).execution == "native"
+    with pytest.raises(NoNativeCode):
+        expect(gpu_sm=75, families_table=FAMILIES, build_info=build, available={})
+
+
+def test_plus_ptx_counts_only_where_the_dispatcher_runs_the_family():
+    # an [sm90+PTX] build on a newer GPU: the sm_90a families carry no PTX, and the dispatcher
+    # runs the sm80 / sm89 families only on the GPUs they serve (only sm75's embed_ptx reaches on)
+    build = {**SM90_BUILD, "sm_targets": ["sm90+PTX"], "families": ["sm80", "sm89", "sm90", "sm90_fp8"]}
+    with pytest.raises(NoNativeCode, match="no kernel for sm100"):
+        expect(gpu_sm=100, families_table=FAMILIES, build_info=build, available={})
+    assert not backends.backend("cuda-sm80-fp16").serves((10, 0))
+    assert backends.backend("cuda-sm80-fp16").serves((9, 0)) and backends.backend("cuda-sm89-fp8").serves((9, 0))
 
 
 def test_wheel_without_code_for_the_gpu_is_refused():
