@@ -155,13 +155,12 @@ def backend(name: str) -> Backend:
 # cuda-sm89-fp8: on the H200, fp16, non-causal/causal TOPS with "fp32+fp32", it measured 514/379 at
 # 4x32x4096x128, 691/620 at 1x32x16384x128, 339/262 and 429/385 at d=64 (n=4096, 16384) and 234/139
 # at 8x32x1024x128 (benchmarks/results/h200-2026-12-03-wgmma-fp8-maskbranch.log), where the
-# mma.sync cuda-sm89-fp8 measured ~246-293 at d=128. It clearly beats cuda-sm90-fp16 only at
-# 1x32x16384x128 (691/620 against 670/597): a per-shape speed choice, the calibration table's job.
-# This order applies where the calibration table does not (return_lse, masks off-table); where it
-# does, the table measured with the sm90 family
-# (benchmarks/results/h200-2026-12-03-calibration-sm90family.json, which predates cuda-sm90-fp8, so
-# the table ranks it after every backend it measured) picks cuda-sm90-fp16 at 1x32x16384x128 and
-# SDPA or triton-fp16 elsewhere.
+# mma.sync cuda-sm89-fp8 measured ~246-293 at d=128. With one e4m3 V term it beat cuda-sm90-fp16
+# only at 1x32x16384x128 (691/620 against 670/597); with two it is slower everywhere. A per-shape
+# speed choice is the calibration table's job. This order applies where the table does not
+# (return_lse, masks, calibration off); where it does, the shipped table
+# (benchmarks/results/h200-2026-12-05-calibration-301f696.json) runs cuda-sm90-fp16 at long
+# sequences, head dim 128, and SDPA elsewhere.
 # sm89 (Ada): cuda-sm80-fp16 before cuda-sm89-fp8, by arithmetic, not measured on Ada (we have no
 # Ada runner). Since V is two e4m3 terms (FP8_V_TERMS), FP8 P.V issues twice the FP8 mmas; Ada's
 # FP8 mma runs at twice its FP16 rate with the same accumulator (NVIDIA's Ada whitepaper: RTX 4090
