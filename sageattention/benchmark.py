@@ -3,6 +3,7 @@
     python -m sageattention.benchmark                      # the 20-case set of design.md
     python -m sageattention.benchmark --seq-len 1024 2048 8192 --head-dim 64 128
     python -m sageattention.benchmark --cases wide --json bench.json
+    python -m sageattention.benchmark --also cuda-sm80-fp16 cuda-sm80-fp16@fp16   # a mode too
 
 The headline ``sageattn`` figure is the default dispatch (calibration included: on a GPU with a
 calibration table it may be SDPA) and each row records the backend that ran; every backend is also
@@ -228,19 +229,48 @@ def _median_of_rounds(case: Case, runs: list[dict]) -> dict:
     return result
 
 
+# A timed name is a backend, or BACKEND@ACCUM: that backend forced with pv_accum_dtype=ACCUM, one
+# of its accumulation modes (e.g. cuda-sm80-fp16@fp16), timed as a kernel of its own.
+MODE_SEPARATOR = "@"
+
+
+def split_timed_name(name: str) -> tuple[str, str | None]:
+    """'cuda-sm80-fp16@fp16' -> ('cuda-sm80-fp16', 'fp16'); a plain backend -> (name, None)."""
+    backend, sep, accum = name.partition(MODE_SEPARATOR)
+    return backend, (accum if sep else None)
+
+
+def timed_name_arg(text: str) -> str:
+    """argparse type of --also / --backend: a known backend, or BACKEND@ACCUM with one of its modes."""
+    from sageattention.backends import BACKEND_NAMES, backend as backend_row
+
+    name, accum = split_timed_name(text)
+    if name not in BACKEND_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown backend {name!r}; the backends are: {', '.join(BACKEND_NAMES)}"
+                                         f" (optionally {MODE_SEPARATOR}<pv_accum_dtype>)")
+    if accum is not None:
+        modes = backend_row(name).pv_accum_dtypes
+        if accum not in modes:
+            raise argparse.ArgumentTypeError(
+                f"{name} has no pv_accum_dtype {accum!r}; its modes are: {', '.join(modes) or 'none'}")
+    return text
+
+
 def _time_backend(api, backend, case, q, k, v, timer, ref) -> dict:
     from sageattention.validation.accuracy import errors
 
-    force = (lambda: api.force_backend(backend)) if backend else contextlib.nullcontext
+    name, accum = split_timed_name(backend) if backend else (None, None)
+    force = (lambda: api.force_backend(name)) if name else contextlib.nullcontext
+    mode = {"pv_accum_dtype": accum} if accum else {}
 
     def call():
         with force():
-            return api.sageattn(q, k, v, tensor_layout="HND", is_causal=case.causal)
+            return api.sageattn(q, k, v, tensor_layout="HND", is_causal=case.causal, **mode)
 
     try:
         out = call()
         ran = api.last_backend()
-        if backend is not None and ran != backend:
+        if name is not None and ran != name:
             return {"ran": ran, "error": f"forced {backend} but {ran} ran"}
         result = {"ran": ran}
         if ref is not None:
@@ -363,12 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     grid.add_argument("--seq-len", nargs="+", type=int)
     grid.add_argument("--head-dim", nargs="+", type=int)
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    p.add_argument("--backend", default=None,
+    p.add_argument("--backend", default=None, type=timed_name_arg,
                    help="force the headline sageattn figures to this backend (default: the "
                         "dispatcher's choice)")
-    p.add_argument("--also", nargs="*", default=None, metavar="BACKEND",
+    p.add_argument("--also", nargs="*", default=None, metavar="BACKEND", type=timed_name_arg,
                    help="other backends to time, forced (default: every known backend except "
-                        "sdpa; those that cannot run here are reported with the reason)")
+                        "sdpa; those that cannot run here are reported with the reason); "
+                        f"BACKEND{MODE_SEPARATOR}ACCUM times that backend with pv_accum_dtype=ACCUM, "
+                        f"e.g. cuda-sm80-fp16{MODE_SEPARATOR}fp16")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--rounds", type=rounds_arg, default=3,

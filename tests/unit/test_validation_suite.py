@@ -613,6 +613,47 @@ def test_benchmark_rounds_interleave_and_keep_medians():
     assert "sdpa_ms_rounds" not in one["cases"][0] and "interleaved" not in one["method"]
 
 
+class ModeLib(FakeLib):
+    """FakeLib whose sageattn takes pv_accum_dtype, as the real one does, and records it."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.modes = []
+
+    def sageattn(self, q, k, v, tensor_layout="HND", is_causal=False, pv_accum_dtype=None, **kw):
+        self.modes.append((getattr(self.local, "forced", None), pv_accum_dtype))
+        return super().sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, **kw)
+
+
+def test_benchmark_times_an_accumulation_mode_as_a_kernel_of_its_own():
+    lib = ModeLib(native=("cuda-sm80-fp16",))
+    case = benchmark.Case("fp16", 1, 2, 32, 64, False)
+    timer = lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0  # noqa: E731
+    perf = benchmark.run([case], api=make_api(lib), device=torch.device("cpu"), timer=timer,
+                         others=["cuda-sm80-fp16", "cuda-sm80-fp16@fp16"])
+    row = perf["cases"][0]["backends"]
+    assert row["cuda-sm80-fp16@fp16"]["ran"] == "cuda-sm80-fp16"
+    assert row["cuda-sm80-fp16@fp16"]["speedup_vs_sdpa"] == pytest.approx(2.0)
+    # the mode reaches sageattn with the backend forced; the plain name passes none
+    assert ("cuda-sm80-fp16", "fp16") in lib.modes and ("cuda-sm80-fp16", None) in lib.modes
+    assert set(perf["geomean_speedup_vs_sdpa_by_backend"]) == {"cuda-sm80-fp16", "cuda-sm80-fp16@fp16"}
+    assert benchmark.split_timed_name("cuda-sm89-fp8@fp32+fp16") == ("cuda-sm89-fp8", "fp32+fp16")
+    assert benchmark.split_timed_name("triton-fp16") == ("triton-fp16", None)
+    args = benchmark.build_parser().parse_args(["--also", "cuda-sm80-fp16@fp16+fp32", "--backend", "cuda-sm80-fp16@fp16"])
+    assert args.also == ["cuda-sm80-fp16@fp16+fp32"] and args.backend == "cuda-sm80-fp16@fp16"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("cuda-sm90-fp16@fp16", "cuda-sm90-fp16 has no pv_accum_dtype 'fp16'; its modes are: fp32"),
+    ("cuda-sm81-fp16", "unknown backend 'cuda-sm81-fp16'; the backends are: cuda-sm90-fp16"),
+])
+def test_benchmark_refuses_a_bad_timed_name_in_words_before_anything_runs(bad, why, capsys):
+    for flag in ("--also", "--backend"):
+        with pytest.raises(SystemExit) as exc:
+            benchmark.build_parser().parse_args([flag, bad])
+        assert exc.value.code == 2 and why in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "three", "1.5"])
 def test_rounds_flag_refuses_what_is_not_a_positive_whole_number(bad, capsys):
     from sageattention import calibrate
