@@ -242,14 +242,15 @@ def split_timed_name(name: str) -> tuple[str, str | None]:
 
 def timed_name_arg(text: str) -> str:
     """argparse type of --also / --backend: a known backend, or BACKEND@ACCUM with one of its modes."""
-    from sageattention.backends import BACKEND_NAMES, backend as backend_row
+    from sageattention.backends import backend as backend_row
 
     name, accum = split_timed_name(text)
-    if name not in BACKEND_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown backend {name!r}; the backends are: {', '.join(BACKEND_NAMES)}"
-                                         f" (optionally {MODE_SEPARATOR}<pv_accum_dtype>)")
+    try:
+        row = backend_row(name)  # names every backend when it knows none by this name
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (optionally {MODE_SEPARATOR}<pv_accum_dtype>)") from exc
     if accum is not None:
-        modes = backend_row(name).pv_accum_dtypes
+        modes = row.pv_accum_dtypes
         if accum not in modes:
             raise argparse.ArgumentTypeError(
                 f"{name} has no pv_accum_dtype {accum!r}; its modes are: {', '.join(modes) or 'none'}")
