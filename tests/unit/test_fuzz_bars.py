@@ -1,0 +1,104 @@
+"""The GPU fuzz tests' bars are ones the algorithm meets: on the CPU, `sageattention.reference`
+(which the kernels match to cosine >= 0.99999 on the GPU) is run on the same seeded draws
+(tests/gpu/fuzz_cases.py) with each backend's quantization and checked exactly as
+tests/gpu/test_fuzz_gpu.py checks the kernels. Also: the draws' input views are the views they
+claim to be, holding the same values as a contiguous copy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from fuzz_cases import (  # noqa: E402  (a helper of the GPU tier)
+    CASES,
+    KERNEL_FUNCTIONS,
+    NATIVE_CASES,
+    VIEWS,
+    bars_for,
+    check_call,
+    expected,
+    kernel_function_options,
+    make_inputs,
+)
+
+from sageattention import backends, reference  # noqa: E402
+
+QUANTIZED = [b for b in backends.capability_table() if b.op is not None]
+PV_DTYPE = {"qk_int8_pv_fp16": "fp16", "qk_int8_pv_fp8": "fp8"}
+
+
+def reference_call(case, q, k, v, row, *, gran=None, accum=None, smooth_k=True, smooth_v=False):
+    """The reference with `row`'s quantization (its block sizes, default granularity/accumulation)."""
+    return reference.sageattn_reference(
+        q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
+        qk_quant_gran=gran or row.qk_quant_grans[0], smooth_k=smooth_k, smooth_v=smooth_v,
+        pv_dtype=PV_DTYPE[row.op], pv_accum_dtype=accum or row.default_pv_accum_dtype,
+        return_lse=True, **reference.FAMILY_BLOCK_SIZES[row.family or "triton"])
+
+
+def serves_head_dim(row, d: int) -> bool:
+    # Native families: their head dims; Triton: any head dim up to 128 (docs/triton.md).
+    return d in row.head_dims if row.kind == "native" else d <= 128
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_reference_meets_the_sageattn_fuzz_bars(case):
+    q, k, v = make_inputs(case, device="cpu")
+    ref_out, ref_lse = expected(q, k, v, case.layout, case.causal, case.scale)
+    rows = [row for row in QUANTIZED if serves_head_dim(row, case.head_dim)]
+    for row in rows:
+        out, lse = reference_call(case, q, k, v, row)
+        check_call(f"{case} reference as {row.name}", out.to(q.dtype), lse, ref_out, ref_lse, q,
+                   bars_for(row.op, case), case.scale, case.head_dim)
+
+
+@pytest.mark.parametrize("case", NATIVE_CASES, ids=str)
+@pytest.mark.parametrize("function", KERNEL_FUNCTIONS)
+def test_reference_meets_the_kernel_function_fuzz_bars(case, function):
+    options = kernel_function_options(case, function)
+    op, accums = KERNEL_FUNCTIONS[function]
+    q, k, v = make_inputs(case, device="cpu")
+    ref_out, ref_lse = expected(q, k, v, case.layout, case.causal, case.scale)
+    if accums is None:   # the Triton function: per-block scales, fp32 accumulation
+        rows = [backends.backend("triton-fp16")]
+    else:                # every native family that can run these options, whichever GPU runs it
+        rows = [row for row in QUANTIZED if row.kind == "native" and row.op == op
+                and options["pv_accum_dtype"] in row.pv_accum_dtypes
+                and options["qk_quant_gran"] in row.qk_quant_grans]
+        assert rows, (function, options)
+    for row in rows:
+        out, lse = reference_call(case, q, k, v, row, gran=options.get("qk_quant_gran"),
+                                  accum=options.get("pv_accum_dtype"), smooth_k=options["smooth_k"],
+                                  smooth_v=options.get("smooth_v", False))
+        check_call(f"{case} {function} {options} reference as {row.name}", out.to(q.dtype), lse,
+                   ref_out, ref_lse, q, bars_for(op, case, options["smooth_k"]), case.scale,
+                   case.head_dim)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+@pytest.mark.parametrize("layout", ("HND", "NHD"))
+def test_views_are_views_of_the_same_values(view, layout):
+    case = dataclasses.replace(CASES[0], batch=2, q_heads=4, kv_heads=2, q_len=5, kv_len=7,
+                               head_dim=64, layout=layout, view=view, dtype=torch.float16)
+    plain = make_inputs(dataclasses.replace(case, view="contiguous"), device="cpu")
+    viewed = make_inputs(case, device="cpu")
+    token_dim = 2 if layout == "HND" else 1
+    for name, a, b in zip("qkv", plain, viewed):
+        assert a.shape == b.shape and a.is_contiguous(), (view, name)
+        if view == "broadcast_batch":   # K/V drawn for one batch entry and expanded
+            assert torch.equal(a, b) if name == "q" else (b.stride(0) == 0 and torch.equal(b[0], b[1]))
+            continue
+        assert torch.equal(a, b), (view, name)
+        if view == "contiguous":
+            assert b.is_contiguous()
+        elif view == "sliced_head_dim":   # rows of a 64 + 16 wide tensor
+            assert b.stride(-1) == 1 and b.stride(-2) == 64 + 16
+        elif view == "transposed_layout":
+            assert not b.is_contiguous() and b.transpose(1, 2).is_contiguous()
+        elif view == "every_other_token":
+            assert b.stride(token_dim) == 2 * a.stride(token_dim)
