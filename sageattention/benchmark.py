@@ -50,9 +50,10 @@ def wide_cases(dtypes=("fp16", "bf16")) -> list[Case]:
             for n in WIDE_SEQ_LENS for d in (64, 128) for c in (False, True)]
 
 
-def grid_cases(*, dtypes, batches, heads, seq_lens, head_dims, causal) -> list[Case]:
-    return [Case(dt, b, h, n, d, c) for dt in dtypes for b in batches for h in heads
-            for n in seq_lens for d in head_dims for c in causal]
+def grid_cases(*, dtypes, batches, heads, seq_lens, head_dims, causal, kv_lens=(None,)) -> list[Case]:
+    """The product of the lists; kv_lens None: keys as many as queries."""
+    return [Case(dt, b, h, n, d, c, kv) for dt in dtypes for b in batches for h in heads
+            for n in seq_lens for kv in kv_lens for d in head_dims for c in causal]
 
 
 # ../shared/design.md, "Baselines measured on the H200": upstream SageAttention 1.0.6's Triton
@@ -114,9 +115,9 @@ def _event_median(fn: Callable, warmup_ms: float, rep_ms: float) -> float:
 
 def _inputs(case: Case, device, seed: int = 0):
     gen = torch.Generator(device=device).manual_seed(seed)
-    shape = (case.batch, case.heads, case.seq_len, case.head_dim)
-    return tuple(torch.randn(shape, generator=gen, device=device, dtype=DTYPES[case.dtype])
-                 for _ in range(3))
+    return tuple(torch.randn((case.batch, case.heads, n, case.head_dim), generator=gen, device=device,
+                             dtype=DTYPES[case.dtype])
+                 for n in (case.seq_len, case.keys, case.keys))
 
 
 def _warm_gpu(case: Case, device, seconds: float = 1.0) -> None:
@@ -154,7 +155,8 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         _warm_gpu(cases[0], device)
     for case in cases:
         q, k, v = _inputs(case, device)
-        row = {"name": case.name, **asdict(case), "flops": case.flops}
+        shape = {k: v for k, v in asdict(case).items() if k != "kv_len" or v is not None}
+        row = {"name": case.name, **shape, "flops": case.flops}
 
         def sdpa(q=q, k=k, v=v, causal=case.causal):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -350,7 +352,8 @@ def markdown(doc: dict, *, source: str) -> str:
     ]
     for c in cases:
         key = (c.get("batch"), c.get("heads"), c.get("seq_len"), c.get("head_dim"), c.get("causal"))
-        upstream = UPSTREAM_106_TRITON_TOPS.get(key) if c.get("dtype") == "fp16" else None
+        upstream = UPSTREAM_106_TRITON_TOPS.get(key) \
+            if c.get("dtype") == "fp16" and c.get("kv_len") is None else None
         cells = [c["name"], num(c.get("sdpa_tops")),
                  f"{num(c.get('sageattn_tops'))} ({num(c.get('speedup_vs_sdpa'), '.2f')}x) "
                  f"[{c.get('backend') or '-'}]"]
@@ -391,7 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
     grid = p.add_argument_group("custom grid (any of these replaces --cases with their product)")
     grid.add_argument("--batch", nargs="+", type=int)
     grid.add_argument("--heads", nargs="+", type=int)
-    grid.add_argument("--seq-len", nargs="+", type=int)
+    grid.add_argument("--seq-len", nargs="+", type=int, help="query tokens per sequence")
+    grid.add_argument("--kv-len", nargs="+", type=int,
+                      help="key/value tokens per sequence (default: as --seq-len); e.g. --seq-len "
+                           "4096 --kv-len 77 for cross-attention, --seq-len 1 --kv-len 8192 for a "
+                           "decoding step")
     grid.add_argument("--head-dim", nargs="+", type=int)
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     p.add_argument("--backend", default=None, type=timed_name_arg,
@@ -420,10 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cases_from_args(args) -> list[Case]:
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    if any(x is not None for x in (args.batch, args.heads, args.seq_len, args.head_dim)):
+    if any(x is not None for x in (args.batch, args.heads, args.seq_len, args.kv_len, args.head_dim)):
         return grid_cases(dtypes=args.dtype, batches=args.batch or [4], heads=args.heads or [32],
                           seq_lens=args.seq_len or [4096], head_dims=args.head_dim or [128],
-                          causal=causal)
+                          causal=causal, kv_lens=args.kv_len or [None])
     make = standard_cases if args.cases == "standard" else wide_cases
     return [c for c in make(tuple(args.dtype)) if c.causal in causal]
 

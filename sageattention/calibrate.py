@@ -32,6 +32,10 @@ PROG = "python -m sageattention.calibrate"
 # Besides the 20 standard cases: (batch, seq_len) pairs, 32 heads, for fp16 and bf16, head dims 64
 # and 128, causal and not; short sequences at large batch, where fixed costs decide.
 EXTRA_SHAPES = ((32, 128), (16, 512), (2, 8192))
+# And (batch, seq_len, kv_len), keys other than queries, non-causal only: a decoding step against a
+# cache, text cross-attention in a diffusion model, one chunk of a long prompt. Without them the
+# nearest entry to such a call is a self-attention shape.
+EXTRA_KV_SHAPES = ((8, 1, 8192), (4, 4096, 256), (1, 512, 16384))
 EXTRA_HEADS = 32
 EXTRA_HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
@@ -46,10 +50,12 @@ class BenchmarkFormatError(ValueError):
 
 
 def calibration_cases() -> list[Case]:
-    """The calibration grid: the benchmark's 20 standard cases plus EXTRA_SHAPES."""
+    """The calibration grid: the benchmark's 20 standard cases plus EXTRA_SHAPES and EXTRA_KV_SHAPES."""
     extra = [Case(dt, b, EXTRA_HEADS, n, d, c) for dt in DTYPES for d in EXTRA_HEAD_DIMS
              for b, n in EXTRA_SHAPES for c in (False, True)]
-    return benchmark.standard_cases(DTYPES) + extra
+    extra_kv = [Case(dt, b, EXTRA_HEADS, n, d, False, kv) for dt in DTYPES for d in EXTRA_HEAD_DIMS
+                for b, n, kv in EXTRA_KV_SHAPES]
+    return benchmark.standard_cases(DTYPES) + extra + extra_kv
 
 
 def _significant(ms: float) -> float:
@@ -97,6 +103,8 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
             shape = {k: row[k] for k in calibration.ENTRY_SHAPE_KEYS}
         except (KeyError, TypeError) as exc:
             raise BenchmarkFormatError(f"{source}: cases[{i}] lacks {exc}") from exc
+        if row.get("kv_len") not in (None, shape["seq_len"]):
+            shape["kv_len"] = row["kv_len"]
         timed = row.get("backends") or {}
         ms = {name: res["ms"] for name, res in timed.items()
               if name in BACKEND_NAMES and res.get("ms") and res.get("ran") == name}
@@ -143,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "JSON without a GPU.",
         epilog=f"Grid: the 20 standard benchmark cases plus, for {' and '.join(DTYPES)}, head dims "
                f"{' and '.join(map(str, EXTRA_HEAD_DIMS))}, causal and not, (batch, seq_len) in "
-               f"{', '.join(f'({b}, {n})' for b, n in EXTRA_SHAPES)} with {EXTRA_HEADS} heads. "
+               f"{', '.join(f'({b}, {n})' for b, n in EXTRA_SHAPES)} with {EXTRA_HEADS} heads, and "
+               f"non-causal (batch, seq_len, kv_len) in "
+               f"{', '.join(f'({b}, {n}, {kv})' for b, n, kv in EXTRA_KV_SHAPES)}. "
                "Timings are end to end (quantization included), median of triton.testing.do_bench. "
                "The dispatcher reads sageattention/calibration/sm<major><minor>.json for a GPU of "
                "exactly that capability; SAGEATTENTION_CALIBRATION=off disables it. Exit status: 0 "

@@ -14,7 +14,9 @@ Schema (version 1):
      "entries": [{"dtype": "fp16", "batch": 4, "heads": 32, "seq_len": 4096, "head_dim": 128,
                   "causal": false, "ms": {"sdpa": 0.96, "cuda-sm80-fp16": 2.2}}, ...]}
 
-A backend missing from an entry's "ms" was not measured there (it did not run).
+A backend missing from an entry's "ms" was not measured there (it did not run). An entry whose keys
+per sequence differ from its queries' (cross-attention, a decoding step) adds "kv_len" after
+"seq_len"; without it keys and queries are both seq_len.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SCHEMA_VERSION = 1
 # Top-level keys, in the order a written table lists them (after "_generated").
 META_KEYS = ("schema_version", "capability", "gpu_name", "torch", "triton", "date", "command", "method")
 ENTRY_SHAPE_KEYS = ("dtype", "batch", "heads", "seq_len", "head_dim", "causal")
+OPTIONAL_SHAPE_KEYS = ("kv_len",)   # absent: as seq_len
 logger = logging.getLogger("sageattention")
 
 
@@ -46,7 +49,8 @@ class CalibrationError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One measured shape (seq_q = seq_k = seq_len) and the milliseconds of each backend that ran."""
+    """One measured shape (seq_len queries, kv_len keys: None means seq_len) and the milliseconds
+    of each backend that ran."""
 
     dtype: str
     batch: int
@@ -55,11 +59,17 @@ class Entry:
     head_dim: int
     causal: bool
     ms: tuple[tuple[str, float], ...]  # (backend, ms), in BACKEND_NAMES order
+    kv_len: int | None = None
+
+    @property
+    def case(self) -> Case:
+        return Case(self.dtype, self.batch, self.heads, self.seq_len, self.head_dim, self.causal,
+                    self.kv_len)
 
     @property
     def name(self) -> str:
         """The benchmark's name of this case, e.g. "fp16 4x32x4096x128 non-causal"."""
-        return Case(self.dtype, self.batch, self.heads, self.seq_len, self.head_dim, self.causal).name
+        return self.case.name
 
     def time(self, backend: str) -> float | None:
         """Measured milliseconds of `backend` here, or None (not measured)."""
@@ -99,8 +109,7 @@ class Table:
         point = tuple(math.log2(max(x, 1)) for x in (seq_q, seq_k, batch_heads))
 
         def distance(e: Entry) -> float:
-            n = math.log2(e.seq_len)
-            there = (n, n, math.log2(e.batch * e.heads))
+            there = (math.log2(e.seq_len), math.log2(e.case.keys), math.log2(e.batch * e.heads))
             return sum((a - b) ** 2 for a, b in zip(point, there))
 
         return min((e for e in pool if e.head_dim == dim), key=distance)
@@ -128,13 +137,13 @@ def _entry(raw, i: int, source: str) -> Entry:
     missing = [k for k in (*ENTRY_SHAPE_KEYS, "ms") if k not in raw]
     if missing:
         raise _fail(source, where, f"missing key(s) {', '.join(missing)}")
-    unknown = sorted(set(raw) - {*ENTRY_SHAPE_KEYS, "ms"})
+    unknown = sorted(set(raw) - {*ENTRY_SHAPE_KEYS, *OPTIONAL_SHAPE_KEYS, "ms"})
     if unknown:
         raise _fail(source, where, f"unknown key(s) {', '.join(unknown)}")
     if raw["dtype"] not in DTYPES:
         raise _fail(source, f"{where}.dtype", f"{raw['dtype']!r} is not one of {', '.join(DTYPES)}")
-    for key in ("batch", "heads", "seq_len", "head_dim"):
-        if not _positive_int(raw[key]):
+    for key in ("batch", "heads", "seq_len", "head_dim", *OPTIONAL_SHAPE_KEYS):
+        if key in raw and not _positive_int(raw[key]):
             raise _fail(source, f"{where}.{key}", f"must be a positive integer, got {raw[key]!r}")
     if not isinstance(raw["causal"], bool):
         raise _fail(source, f"{where}.causal", f"must be true or false, got {raw['causal']!r}")
@@ -149,7 +158,8 @@ def _entry(raw, i: int, source: str) -> Entry:
             raise _fail(source, f"{where}.ms[{name!r}]",
                         f"must be a positive finite number of milliseconds, got {value!r}")
     return Entry(raw["dtype"], raw["batch"], raw["heads"], raw["seq_len"], raw["head_dim"], raw["causal"],
-                 tuple((n, float(ms[n])) for n in BACKEND_NAMES if n in ms))
+                 tuple((n, float(ms[n])) for n in BACKEND_NAMES if n in ms),
+                 kv_len=None if raw.get("kv_len") in (None, raw["seq_len"]) else raw["kv_len"])
 
 
 def parse(data, *, source: str, label: str | None = None) -> Table:
@@ -272,17 +282,29 @@ def for_capability(capability: tuple[int, int], user_path: str | None = None) ->
 # --- writing ------------------------------------------------------------------------------------
 
 def _entry_sort_key(e: dict) -> tuple:
-    return (e["dtype"], e["head_dim"], e["causal"], e["seq_len"], e["batch"], e["heads"])
+    return (e["dtype"], e["head_dim"], e["causal"], e["seq_len"], e.get("kv_len") or e["seq_len"],
+            e["batch"], e["heads"])
+
+
+def _shape_fields(e: dict) -> dict:
+    """The entry's shape keys in the written order; kv_len (after seq_len) only where it differs."""
+    fields = {}
+    for key in ENTRY_SHAPE_KEYS:
+        fields[key] = e[key]
+        if key == "seq_len" and e.get("kv_len") not in (None, e["seq_len"]):
+            fields["kv_len"] = e["kv_len"]
+    return fields
 
 
 def dumps(data: dict) -> str:
     """The table as written to disk: validated first, entries sorted by (dtype, head_dim, causal,
-    seq_len, batch, heads), ms keys sorted, one entry per line; the same table gives the same text."""
+    seq_len, kv_len, batch, heads), ms keys sorted, one entry per line; the same table gives the
+    same text."""
     parse(data, source="<table being written>")
     entries = sorted(data["entries"], key=_entry_sort_key)
     head = {"_generated": data["_generated"], **{k: data[k] for k in META_KEYS}}
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
-    rows = [json.dumps({**{k: e[k] for k in ENTRY_SHAPE_KEYS}, "ms": dict(sorted(e["ms"].items()))})
+    rows = [json.dumps({**_shape_fields(e), "ms": dict(sorted(e["ms"].items()))})
             for e in entries]
     body = ",\n".join(f"    {r}" for r in rows)
     return "{\n" + "\n".join(lines) + '\n  "entries": [\n' + body + "\n  ]\n}\n"

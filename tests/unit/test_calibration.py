@@ -128,6 +128,33 @@ def test_nearest_by_log_distance_within_the_head_dim():
     assert nearest(seq_q=4096, seq_k=16384, batch_heads=128).name == "fp16 4x32x4096x128 non-causal"
 
 
+def test_entries_with_their_own_key_count():
+    data = copy.deepcopy(GOOD)
+    data["entries"].append({"dtype": "fp16", "batch": 8, "heads": 32, "seq_len": 1, "kv_len": 8192,
+                            "head_dim": 128, "causal": False, "ms": {"sdpa": 0.05}})
+    table = calibration.parse(data, source="t")
+    decode = table.nearest(dtype="fp16", head_dim=128, causal=False, seq_q=1, seq_k=4096, batch_heads=128)
+    assert decode.name == "fp16 8x32x1/8192x128 non-causal" and decode.kv_len == 8192
+    # queries and keys are separate coordinates: a square call at 4096 keeps its square entry
+    assert table.nearest(dtype="fp16", head_dim=128, causal=False, seq_q=4096, seq_k=4096,
+                         batch_heads=128).name == "fp16 4x32x4096x128 non-causal"
+    text = calibration.dumps(data)
+    line = next(ln for ln in text.splitlines() if '"kv_len"' in ln)
+    assert line.index('"seq_len": 1, "kv_len": 8192, "head_dim"') > 0   # written after seq_len
+    assert text.count('"kv_len"') == 1                                   # only where it differs
+    same = copy.deepcopy(GOOD)
+    same["entries"][0]["kv_len"] = same["entries"][0]["seq_len"]         # as seq_len: no new shape
+    assert calibration.parse(same, source="t").entries == calibration.parse(GOOD, source="t").entries
+    assert '"kv_len"' not in calibration.dumps(same)
+    twice = copy.deepcopy(same)
+    twice["entries"].append(copy.deepcopy(GOOD["entries"][0]))
+    with pytest.raises(CalibrationError, match="more than once"):
+        calibration.parse(twice, source="t")
+    for bad in (0, "8192", 1.5, True):
+        with pytest.raises(CalibrationError, match=r"entries\[0\]\.kv_len: must be a positive integer"):
+            calibration.parse(mutated(("entries", 0, "kv_len"), bad), source="t")
+
+
 def test_same_head_dim_first_then_the_nearest_head_dim():
     # 128 exists: the 128 entries win even though a d=64 entry is nearer in shape
     assert nearest(seq_q=128, seq_k=128, batch_heads=1024).head_dim == 128
@@ -274,10 +301,42 @@ def test_dumps_is_sorted_stable_and_valid():
 def test_calibration_grid():
     cases = calibrate.calibration_cases()
     names = [c.name for c in cases]
-    assert len(cases) == 20 + 2 * 2 * 3 * 2 and len(set(names)) == len(names)
+    assert len(cases) == 20 + 2 * 2 * 3 * 2 + 2 * 2 * 3 and len(set(names)) == len(names)
     assert {c.name for c in benchmark.standard_cases()} <= set(names)
     assert "bf16 32x32x128x64 causal" in names and "fp16 2x32x8192x128 non-causal" in names
+    # keys other than queries: decoding, cross-attention, a prompt chunk (non-causal only)
+    assert {"fp16 8x32x1/8192x128 non-causal", "bf16 4x32x4096/256x64 non-causal",
+            "fp16 1x32x512/16384x128 non-causal"} <= set(names)
+    assert not any(c.causal and c.kv_len for c in cases)
     assert {c.heads for c in cases} == {32}
+
+
+def test_case_keys_other_than_queries():
+    square = benchmark.Case("fp16", 2, 8, 1024, 64, False)
+    assert benchmark.Case("fp16", 2, 8, 1024, 64, False, 1024) == square   # one shape, one name
+    assert square.kv_len is None and square.keys == 1024 and square.name == "fp16 2x8x1024x64 non-causal"
+    cross = benchmark.Case("fp16", 2, 8, 1024, 64, False, 77)
+    assert cross.keys == 77 and cross.name == "fp16 2x8x1024/77x64 non-causal"
+    assert cross.flops == 4 * 2 * 8 * 1024 * 77 * 64
+    # causal: design.md's n*n/2 for self-attention; otherwise the pairs SDPA's top-left mask keeps
+    assert benchmark.Case("fp16", 1, 1, 8, 2, True).flops == 4 * 8 * 8 / 2 * 2
+    assert benchmark.Case("fp16", 1, 1, 8, 2, True, 3).flops == 4 * (1 + 2 + 3 + 5 * 3) * 2
+    assert benchmark.Case("fp16", 1, 1, 3, 2, True, 8).flops == 4 * (1 + 2 + 3) * 2
+    with pytest.raises(ValueError, match="kv_len must be at least 1"):
+        benchmark.Case("fp16", 1, 1, 8, 64, False, 0)
+
+
+def test_benchmark_grid_and_inputs_with_a_kv_len():
+    args = benchmark.build_parser().parse_args(["--seq-len", "1", "--kv-len", "8192", "77",
+                                                "--causal", "no", "--dtype", "fp16"])
+    cases = benchmark.cases_from_args(args)
+    assert [c.name for c in cases] == ["fp16 4x32x1/8192x128 non-causal", "fp16 4x32x1/77x128 non-causal"]
+    q, k, v = benchmark._inputs(benchmark.Case("fp16", 2, 3, 5, 64, False, 7), torch.device("cpu"))
+    assert q.shape == (2, 3, 5, 64) and k.shape == v.shape == (2, 3, 7, 64)
+    # a square case draws what it always drew (q, k, v of one shape from one generator)
+    sq = benchmark._inputs(benchmark.Case("fp16", 1, 2, 5, 64, False), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    assert all(torch.equal(t, torch.randn(1, 2, 5, 64, generator=gen, dtype=torch.float16)) for t in sq)
 
 
 def bench_doc(primary="default dispatch"):
@@ -329,6 +388,17 @@ def test_from_benchmark_builds_the_table_without_a_gpu(tmp_path, monkeypatch, ca
     # the same input and command give the same bytes
     first = out.read_bytes()
     assert calibrate.main(argv) == 0 and out.read_bytes() == first
+
+
+def test_from_benchmark_keeps_a_cases_key_count():
+    doc = bench_doc()
+    cross = dict(doc["cases"][0], name=benchmark.Case("fp16", 4, 32, 4096, 128, False, 256).name,
+                 kv_len=256)
+    doc["cases"].append(cross)
+    table = calibration.parse(calibrate.table_from_benchmark(doc, argv=["--out", "sm90.json"]),
+                              source="t")
+    assert sorted(e.name for e in table.entries if e.dtype == "fp16") == [
+        "fp16 4x32x4096/256x128 non-causal", "fp16 4x32x4096x128 non-causal"]
 
 
 def test_from_benchmark_uses_a_forced_headline_and_rounds(tmp_path):
@@ -413,7 +483,7 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     assert "use sm90.json" in capsys.readouterr().err and not seen
     out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
     assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw), "--rounds", "3"]) == 0
-    assert seen == {"cases": 44, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
+    assert seen == {"cases": 56, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
                     "rounds": 3, "enabled": False}
     table = calibration.load(out)
     assert table.command == (f"python -m sageattention.calibrate --out {out} --benchmark-json {raw} "
