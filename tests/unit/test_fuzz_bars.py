@@ -38,7 +38,8 @@ def reference_call(case, q, k, v, row, *, gran=None, accum=None, smooth_k=True, 
         q, k, v, tensor_layout=case.layout, is_causal=case.causal, sm_scale=case.scale,
         qk_quant_gran=gran or row.qk_quant_grans[0], smooth_k=smooth_k, smooth_v=smooth_v,
         pv_dtype=PV_DTYPE[row.op], pv_accum_dtype=accum or row.default_pv_accum_dtype,
-        return_lse=True, **reference.FAMILY_BLOCK_SIZES[row.family or "triton"])
+        return_lse=True, **reference.FAMILY_BLOCK_SIZES[row.family or "triton"],
+        pv16=torch.float16 if row.family == "sm75" else None)   # Turing: no bf16 mma
 
 
 def serves_head_dim(row, d: int) -> bool:
