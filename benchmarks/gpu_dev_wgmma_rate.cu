@@ -172,15 +172,19 @@ __global__ void __launch_bounds__(256, 1) mixed_kernel(int wgmma_iters, int alu_
 // ring's stage kb % STAGES once its full barrier completes and release it (empty barrier, both
 // warpgroups) once done, and the producer refills a stage as soon as it is released. Per
 // warpgroup: cycles per block and per phase, and when its products start (the offset between
-// the warpgroups: 0 is lockstep, half the period is the ideal alternation).
-template <int PINGPONG, int PRODUCER, int STAGES>
+// the warpgroups: 0 is lockstep, half the period is the ideal alternation). PV16: P.V as the sm90
+// family (cuda-sm90-fp16, the shipped Hopper kernel) runs it, 8 f16 RS k16-steps on a 16-bit V
+// (MN-major, 32 KB) instead of 4 e4m3 k32-steps: a warpgroup's products take 768 cycles of the
+// tensor pipe instead of 512, so turn-taking should pay more there (memory-free loops only).
+template <int PINGPONG, int PRODUCER, int STAGES, bool PV16 = false>
 __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int blocks, unsigned long long* cycles,
                                                                       int* sink, const uint4* src, int src_blocks) {
 #if defined(SAGE_HAS_WGMMA)
   static_assert(STAGES == 0 || (PRODUCER && STAGES >= 2), "a gated loop needs a producer and two stages");
+  static_assert(!PV16 || (PRODUCER == 0 && STAGES == 0), "PV16: the loop without memory only");
   constexpr int kRingStages = STAGES ? STAGES : 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  constexpr int kBytes = 2 * kABytes + 2 * 128 * 128;  // Q of both warpgroups, K, V^T
+  constexpr int kBytes = 2 * kABytes + (PV16 ? 3 : 2) * 128 * 128;  // Q of both warpgroups, K, V^T or V
   const uint32_t base = filled_operands(smem_raw, kBytes);
   const int tid = threadIdx.x, wgi = tid / 128;
   const uint32_t ring = base + kBytes, bars = ring + kRingStages * 32768;
@@ -241,7 +245,8 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float neg = -mx * 0.01f;
-    uint32_t pa[4][4];
+    uint32_t pa[4][4];   // e4m3 P: 4 k32-steps
+    uint32_t ph[8][4];   // f16 P (PV16): 8 k16-steps
     float rs = 0.f;
     #pragma unroll
     for (int i = 0; i < 64; i += 4) {
@@ -251,10 +256,15 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
         asm volatile("ex2.approx.ftz.f32 %0, %1;" : "=f"(e[j]) : "f"(fmaf(__int_as_float(s[i + j]), 0.01f, neg)));
         rs += e[j];
       }
-      uint16_t lo, hi;
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(e[1] * 448.f), "f"(e[0] * 448.f));
-      asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(e[3] * 448.f), "f"(e[2] * 448.f));
-      pa[i / 16][(i / 4) % 4] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      if constexpr (PV16) {
+        ph[i / 8][(i / 2) % 4] = sage::pack_half2(e[0], e[1]);
+        ph[i / 8][(i / 2) % 4 + 1] = sage::pack_half2(e[2], e[3]);
+      } else {
+        uint16_t lo, hi;
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(e[1] * 448.f), "f"(e[0] * 448.f));
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(e[3] * 448.f), "f"(e[2] * 448.f));
+        pa[i / 16][(i / 4) % 4] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      }
     }
     const float alpha = exp2f((m - mx) * 0.01f);
     m = mx;
@@ -277,8 +287,14 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
     #pragma unroll
     for (int k = 0; k < 4; ++k) sage::wgmma_m64n128k32_s8(s, dq + 2 * k, dk + 2 * k, 1);
     sage::wgmma_commit();
-    #pragma unroll
-    for (int k = 0; k < 4; ++k) sage::wgmma_m64n128k32_e4m3_rs(o, pa[k], dv + 2 * k, 1);
+    if constexpr (PV16) {
+      const uint64_t dv16 = sage::wg::v_desc<128>(kv + 128 * 128);
+      #pragma unroll
+      for (int k = 0; k < 8; ++k) sage::wg::pv16_step<128, sage::PvKind::kFp16>(o, ph[k], dv16, k);
+    } else {
+      #pragma unroll
+      for (int k = 0; k < 4; ++k) sage::wgmma_m64n128k32_e4m3_rs(o, pa[k], dv + 2 * k, 1);
+    }
     sage::wgmma_commit();
     sage::wgmma_wait<0>();
     sage::wgmma_pin(s);
@@ -309,12 +325,14 @@ __global__ void __launch_bounds__(PRODUCER ? 384 : 256, 1) loop_kernel(int block
 #endif
 }
 
-template <int PINGPONG, int PRODUCER, int STAGES>
+template <int PINGPONG, int PRODUCER, int STAGES, bool PV16 = false>
 void run_loop(int sms, unsigned long long* d_cycles, int* d_sink, const uint4* src, int src_blocks) {
   constexpr int kRingStages = STAGES ? STAGES : 2;
-  const int smem = 2 * kABytes + 2 * 128 * 128 + (PRODUCER ? kRingStages * 32768 + 2 * 8 * kRingStages : 0) + 1024;
+  const int smem = 2 * kABytes + (PV16 ? 3 : 2) * 128 * 128 +
+                   (PRODUCER ? kRingStages * 32768 + 2 * 8 * kRingStages : 0) + 1024;
   const int blocks = 512;
-  auto kernel = loop_kernel<PINGPONG, PRODUCER, STAGES>;
+  constexpr int kWgmmasPerBlock = PV16 ? 2 * (4 + 8) : 2 * (4 + 4);  // both warpgroups, 64 cycles each
+  auto kernel = loop_kernel<PINGPONG, PRODUCER, STAGES, PV16>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<sms, PRODUCER ? 384 : 256, smem>>>(blocks, d_cycles, d_sink, src, src_blocks);
   kernel<<<sms, PRODUCER ? 384 : 256, smem>>>(blocks, d_cycles, d_sink, src, src_blocks);
@@ -331,10 +349,10 @@ void run_loop(int sms, unsigned long long* d_cycles, int* d_sink, const uint4* s
     offset += (static_cast<double>(w1[3]) - static_cast<double>(w0[3]) +
                (static_cast<double>(w1[4]) - static_cast<double>(w0[4])) / blocks) / sms;
   }
-  std::printf("loop, ping-pong %d, producer %d, stages %d: cycles per block %.0f / %.0f (WG0 / WG1); softmax %.0f / %.0f, "
+  std::printf("loop, P.V %s, ping-pong %d, producer %d, stages %d: cycles per block %.0f / %.0f (WG0 / WG1); softmax %.0f / %.0f, "
               "wait + turn + products %.0f / %.0f; WG1 - WG0 products start %+.0f; tensor busy %.0f%% at 64 cycles per wgmma\n",
-              PINGPONG, PRODUCER, STAGES, c[0][0], c[1][0], c[0][1], c[1][1], c[0][2], c[1][2], offset,
-              100.0 * 16 * 64 / c[0][0]);
+              PV16 ? "f16" : "e4m3", PINGPONG, PRODUCER, STAGES, c[0][0], c[1][0], c[0][1], c[1][1], c[0][2], c[1][2],
+              offset, 100.0 * kWgmmasPerBlock * 64 / c[0][0]);
 }
 
 template <int NWG, int N, int OP, int CHAINS, bool SHARED_B, int IN_FLIGHT>
@@ -441,5 +459,8 @@ int main() {
   run_loop<0, 2, 3>(sms, d_cycles, d_sink, d_src, src_blocks);
   run_loop<0, 2, 4>(sms, d_cycles, d_sink, d_src, src_blocks);
   run_loop<2, 2, 3>(sms, d_cycles, d_sink, d_src, src_blocks);
+  // the shipped fp16 family's P.V: lockstep against turns, no memory
+  run_loop<0, 0, 0, true>(sms, d_cycles, d_sink, d_src, src_blocks);
+  run_loop<2, 0, 0, true>(sms, d_cycles, d_sink, d_src, src_blocks);
   return 0;
 }
