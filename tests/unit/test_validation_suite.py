@@ -698,6 +698,23 @@ def test_benchmark_render_makes_a_markdown_table_from_a_stored_report(tmp_path, 
     assert "cannot render" in capsys.readouterr().err
 
 
+def test_benchmark_times_cases_with_their_own_key_count(tmp_path):
+    """A cross-attention case keeps kv_len in its row (a self-attention row has none), counts its
+    own pairs, and never takes design.md's upstream figure of its query length."""
+    lib = FakeLib()
+    cross = benchmark.Case("fp16", 4, 32, 4096, 128, False, 40)
+    square = benchmark.Case("fp16", 1, 2, 32, 64, False)
+    perf = benchmark.run([cross, square], api=make_api(lib), device=torch.device("cpu"),
+                         timer=lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0, accuracy=False)
+    rows = perf["cases"]
+    assert rows[0]["name"] == "fp16 4x32x4096/40x128 non-causal" and rows[0]["kv_len"] == 40
+    assert rows[0]["flops"] == 4 * 4 * 32 * 4096 * 40 * 128
+    assert "kv_len" not in rows[1]
+    text = benchmark.markdown({"performance": perf, "environment": {}}, source="t.json")
+    line = next(r for r in text.splitlines() if r.startswith("| fp16 4x32x4096/40x128"))
+    assert line.endswith("| - |")   # 379 belongs to 4x32x4096x128 with 4096 keys, not this case
+
+
 def test_suite_json_is_strict_and_written_atomically(tmp_path):
     doc = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 0.5}}
     path = tmp_path / "sub" / "suite.json"
