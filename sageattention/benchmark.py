@@ -155,7 +155,7 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         _warm_gpu(cases[0], device)
     for case in cases:
         q, k, v = _inputs(case, device)
-        shape = {k: v for k, v in asdict(case).items() if k != "kv_len" or v is not None}
+        shape = {key: value for key, value in asdict(case).items() if key != "kv_len" or value is not None}
         row = {"name": case.name, **shape, "flops": case.flops}
 
         def sdpa(q=q, k=k, v=v, causal=case.causal):
