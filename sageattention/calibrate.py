@@ -103,7 +103,7 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
             shape = {k: row[k] for k in calibration.ENTRY_SHAPE_KEYS}
         except (KeyError, TypeError) as exc:
             raise BenchmarkFormatError(f"{source}: cases[{i}] lacks {exc}") from exc
-        if row.get("kv_len") not in (None, shape["seq_len"]):
+        if row.get("kv_len") is not None:   # calibration.dumps writes it only where it differs
             shape["kv_len"] = row["kv_len"]
         timed = row.get("backends") or {}
         ms = {name: res["ms"] for name, res in timed.items()
