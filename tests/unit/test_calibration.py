@@ -326,11 +326,13 @@ def test_case_keys_other_than_queries():
         benchmark.Case("fp16", 1, 1, 8, 64, False, 0)
 
 
-def test_benchmark_grid_and_inputs_with_a_kv_len():
+def test_benchmark_grid_and_inputs_with_a_kv_len(capsys):
     args = benchmark.build_parser().parse_args(["--seq-len", "1", "--kv-len", "8192", "77",
                                                 "--causal", "no", "--dtype", "fp16"])
     cases = benchmark.cases_from_args(args)
     assert [c.name for c in cases] == ["fp16 4x32x1/8192x128 non-causal", "fp16 4x32x1/77x128 non-causal"]
+    assert benchmark.main(["--seq-len", "1", "--kv-len", "0"]) == 2   # refused before any GPU is sought
+    assert "kv_len must be at least 1" in capsys.readouterr().err
     q, k, v = benchmark._inputs(benchmark.Case("fp16", 2, 3, 5, 64, False, 7), torch.device("cpu"))
     assert q.shape == (2, 3, 5, 64) and k.shape == v.shape == (2, 3, 7, 64)
     # a square case draws what it always drew (q, k, v of one shape from one generator)
