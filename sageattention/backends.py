@@ -159,7 +159,7 @@ def backend(name: str) -> Backend:
 # only at 1x32x16384x128 (691/620 against 670/597); with two it is slower everywhere. A per-shape
 # speed choice is the calibration table's job. This order applies where the table does not
 # (return_lse, masks, calibration off); where it does, the shipped table
-# (benchmarks/results/h200-2026-12-05-calibration-301f696.json) runs cuda-sm90-fp16 at long
+# (benchmarks/results/h100-2026-12-05-calibration-7b16d71.json) runs cuda-sm90-fp16 at long
 # sequences, head dim 128, and SDPA elsewhere.
 # sm89 (Ada): cuda-sm80-fp16 before cuda-sm89-fp8, by arithmetic, not measured on Ada (we have no
 # Ada runner). Since V is two e4m3 terms (FP8_V_TERMS), FP8 P.V issues twice the FP8 mmas; Ada's
