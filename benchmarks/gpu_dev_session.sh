@@ -11,8 +11,8 @@
 # ATen mean and aminmax over tokens on the same cases, gpu_dev_profile.py aten-stats),
 # calibrate (python -m sageattention.calibrate), table (ship what calibrate measured: rebuild the
 # table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
-# (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; run it last:
-# it leaves that wheel installed).
+# (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
+# installs it into a folder of its own, so the sm90 wheel stays the installed one).
 # Environment: OUT, STEPS, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
