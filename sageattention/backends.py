@@ -168,6 +168,17 @@ def backend(name: str) -> Backend:
 # costs what FP16 P.V costs, plus V's quantization pass, at lower accuracy (cosine ~0.9996 against
 # >= 0.9998). FP16 P.V is therefore at least as fast and more accurate; cuda-sm89-fp8 runs when
 # forced, through the FP8 functions, or where the FP16 family is not in the build.
+# Fewest queries and keys per sequence for which plain `sageattn` runs a quantized backend when no
+# calibration measurement decides (a GPU without a table, return_lse, calibration off); below it
+# the call runs SDPA. Such a call fills under half of one kernel tile (64-128 queries, 64-128 keys)
+# and is bound by memory, where the quantized path reads Q, K and V more than once (quantizing Q
+# and K, K's mean) to save tensor work that is not the limit. Measured on an H100 at d=64/128
+# (benchmarks/results/h100-2026-12-05-calibration-7b16d71.json): on a decoding step 8x32x1/8192
+# no quantized backend reached half of SDPA's speed (at most 0.48x; the sm80 family, the mma.sync
+# kernel an A100 runs, 0.39-0.45x).
+# Forced backends and the kernel-specific functions do not use it.
+MIN_QUANTIZED_TOKENS = 64
+
 PREFERENCE = (
     ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "triton-fp16",
               "cuda-sm75-fp16", "triton-fp8", SDPA)),

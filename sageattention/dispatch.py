@@ -107,7 +107,7 @@ class BackendChoice:
     calibrated: bool = False
 
     def sentence(self) -> str:
-        if self.fallback and self.calibrated:
+        if self.fallback and (self.calibrated or self.reason.startswith(SDPA_FASTER)):
             return f"runs PyTorch SDPA: {self.reason}"
         if self.fallback:
             return f"falls back to PyTorch SDPA because {self.reason}"
@@ -289,6 +289,18 @@ def _input_reason(req: Request, candidates: tuple[Backend, ...]) -> str | None:
     return None
 
 
+def _too_short_to_quantize(req: Request) -> str | None:
+    """Why a call is too short on one side for the quantized path to pay, or None (see
+    backends.MIN_QUANTIZED_TOKENS)."""
+    least = backends.MIN_QUANTIZED_TOKENS
+    for what, count in (("queries", req.seq_q), ("keys", req.seq_k)):
+        if count is not None and count < least:
+            return (f"{count} {what} per sequence, fewer than {least}: a call this short is bound "
+                    "by memory, and quantizing it costs more than the INT8 product saves "
+                    "(force a backend to run one anyway)")
+    return None
+
+
 def _past_grid_limit(req: Request, limit: int | None) -> str | None:
     """Why this call's batch or query heads do not fit a kernel's launch grid, or None."""
     if limit is None:
@@ -399,6 +411,11 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
         choice, note = _calibrated_choice(req, order, assessed, table)
         if choice is not None:
             return choice
+
+    short = _too_short_to_quantize(req) if candidates is None and allow_fallback else None
+    if short and any(not hard for _, hard, _ in assessed):
+        reason = f"{SDPA_FASTER}: {short}"
+        return BackendChoice(SDPA, f"{reason}; {note}" if note else reason, True)
 
     skipped = []
     for relax in (False, True):

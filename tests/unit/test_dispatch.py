@@ -179,6 +179,36 @@ def test_fallbacks(request_kw, cap, triton, expect, reason):
     assert reason in choice.reason
 
 
+@pytest.mark.parametrize("cap", [(9, 0), (8, 9), (8, 0), (7, 5)])
+@pytest.mark.parametrize("seq_q,seq_k,short", [(1, 8192, "1 queries"), (63, 4096, "63 queries"),
+                                               (4096, 8, "8 keys"), (1, 1, "1 queries")])
+def test_a_call_too_short_to_quantize_runs_sdpa_without_a_table(cap, seq_q, seq_k, short):
+    choice = choose(req(cap, seq_q=seq_q, seq_k=seq_k, batch=8, q_heads=32, batch_heads=256), inv(*ALL))
+    assert choice.name == "sdpa" and choice.fallback and not choice.calibrated
+    assert choice.reason.startswith(dispatch.SDPA_FASTER) and f"{short} per sequence" in choice.reason
+    assert f"fewer than {backends.MIN_QUANTIZED_TOKENS}" in choice.reason
+    assert choice.sentence().startswith("runs PyTorch SDPA: ")  # a speed choice, not a fallback to act on
+
+
+@pytest.mark.parametrize("seq_q,seq_k", [(64, 64), (64, 8192), (4096, 77), (None, None)])
+def test_from_the_threshold_on_or_with_an_unknown_shape_the_static_order_applies(seq_q, seq_k):
+    assert choose(req(seq_q=seq_q, seq_k=seq_k), inv(*ALL)).name == "cuda-sm90-fp16"
+
+
+def test_the_short_call_rule_leaves_forcing_kernel_functions_and_input_reasons_alone():
+    from sageattention.core import _FP16_NATIVE
+    short = dict(seq_q=1, seq_k=8192)
+    assert choose(req(**short), inv(*ALL), forced="cuda-sm80-fp16").name == "cuda-sm80-fp16"
+    assert choose(req(**short), inv(*ALL), candidates=_FP16_NATIVE,
+                  allow_fallback=False).name == "cuda-sm90-fp16"
+    # SDPA for a reason of the input says that reason, not the speed rule
+    assert "float32" in choose(req(dtype=torch.float32, **short), inv(*ALL)).reason
+    assert "no quantized backend fits" in choose(req((8, 0), **short), inv(triton=False)).reason
+    # a short masked call too: SDPA takes the mask itself
+    masked = choose(req(has_mask=True, **short), inv(*ALL))
+    assert masked.name == "sdpa" and masked.reason.startswith(dispatch.SDPA_FASTER)
+
+
 def test_requested_accumulator_picks_the_family_that_has_it():
     choice = choose(req(pv_accum_dtype="fp16+fp32"), inv(*ALL))
     assert choice.name == "cuda-sm80-fp16" and choice.pv_accum_dtype == "fp16+fp32"
