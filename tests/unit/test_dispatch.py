@@ -204,6 +204,8 @@ def test_the_short_call_rule_leaves_forcing_kernel_functions_and_input_reasons_a
     # SDPA for a reason of the input says that reason, not the speed rule
     assert "float32" in choose(req(dtype=torch.float32, **short), inv(*ALL)).reason
     assert "no quantized backend fits" in choose(req((8, 0), **short), inv(triton=False)).reason
+    past_grid = choose(req(batch=65536, q_heads=1, batch_heads=65536, **short), inv(*ALL))
+    assert "exceeds the launch grid limit" in past_grid.reason   # tests/gpu/test_limits_gpu.py's n=8
     # a short masked call too: SDPA takes the mask itself
     masked = choose(req(has_mask=True, **short), inv(*ALL))
     assert masked.name == "sdpa" and masked.reason.startswith(dispatch.SDPA_FASTER)
