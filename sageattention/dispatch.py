@@ -293,10 +293,10 @@ def _too_short_to_quantize(req: Request) -> str | None:
     """Why a call is too short on one side for the quantized path to pay, or None (see
     backends.MIN_QUANTIZED_TOKENS)."""
     least = backends.MIN_QUANTIZED_TOKENS
-    for what, count in (("queries", req.seq_q), ("keys", req.seq_k)):
+    for one, many, count in (("query", "queries", req.seq_q), ("key", "keys", req.seq_k)):
         if count is not None and count < least:
-            return (f"{count} {what} per sequence, fewer than {least}: a call this short is bound "
-                    "by memory, and quantizing it costs more than the INT8 product saves "
+            return (f"{count} {one if count == 1 else many} per sequence, fewer than {least}: a call "
+                    "this short is bound by memory, and quantizing it costs more than the INT8 product saves "
                     "(force a backend to run one anyway)")
     return None
 

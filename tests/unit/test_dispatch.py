@@ -180,8 +180,8 @@ def test_fallbacks(request_kw, cap, triton, expect, reason):
 
 
 @pytest.mark.parametrize("cap", [(9, 0), (8, 9), (8, 0), (7, 5)])
-@pytest.mark.parametrize("seq_q,seq_k,short", [(1, 8192, "1 queries"), (63, 4096, "63 queries"),
-                                               (4096, 8, "8 keys"), (1, 1, "1 queries")])
+@pytest.mark.parametrize("seq_q,seq_k,short", [(1, 8192, "1 query"), (63, 4096, "63 queries"),
+                                               (4096, 8, "8 keys"), (1, 1, "1 query")])
 def test_a_call_too_short_to_quantize_runs_sdpa_without_a_table(cap, seq_q, seq_k, short):
     choice = choose(req(cap, seq_q=seq_q, seq_k=seq_k, batch=8, q_heads=32, batch_heads=256), inv(*ALL))
     assert choice.name == "sdpa" and choice.fallback and not choice.calibrated
