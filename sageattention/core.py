@@ -82,6 +82,15 @@ def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     return torch.cat(pieces, dim=-1)
 
 
+def _causal_as_mask(mask, is_causal: bool, scale: float, q_len: int, kv_len: int, device):
+    """(attn_mask, is_causal) for SDPA: with a zero or negative scale, causality as a bool mask.
+    SDPA's is_causal then returned NaN/Inf on the CPU (torch 2.14: masked scores times the scale);
+    the same top-left mask given as a bool mask is right. Masks and is_causal never come together."""
+    if is_causal and scale is not None and scale <= 0:
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(), False
+    return mask, is_causal
+
+
 def _run_sdpa(call: AttnCall, q, k, v):
     p = call.problem
     qh, kh, vh = (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
@@ -97,12 +106,24 @@ def _run_sdpa(call: AttnCall, q, k, v):
         # h200-2026-12-03-sdpa-gqa.txt); so past the grid limit each q head gets its kv head's copy.
         group = p.q_heads // p.kv_heads
         kh, vh, gqa = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1), False
-    out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
+    mask, is_causal = _causal_as_mask(mask, call.is_causal, call.sm_scale, p.q_len, p.kv_len, qh.device)
+    out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=is_causal,
                       scale=call.sm_scale, enable_gqa=gqa).to(p.dtype)
     if p.tensor_layout == "NHD":
         out = out.transpose(1, 2).contiguous()
-    lse = _sdpa_lse(qh, kh, mask, call.is_causal, call.sm_scale) if call.return_lse else None
+    lse = _sdpa_lse(qh, kh, mask, is_causal, call.sm_scale) if call.return_lse else None
     return out, lse
+
+
+def _positive_scale(q, scale: float):
+    """(q, scale) with the same attention and a positive scale, which the quantized kernels take:
+    a negative scale is -q with |scale|; a zero one (every score 0, equal weights) a zero q with 1.
+    The LSE is unchanged too."""
+    if scale > 0:
+        return q, scale
+    if scale == 0:
+        return torch.zeros_like(q), 1.0
+    return torch.neg(q), -scale
 
 
 def _run(call: AttnCall, choice: BackendChoice, q, k, v):
@@ -115,18 +136,19 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
         row = backend(choice.name)
         # The kernels take any batch/head/token strides but need a unit-stride head dim.
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+        q, sm_scale = _positive_scale(q, call.sm_scale)
         if row.kind == "triton":
             from sageattention import triton as triton_backend
             out, lse = triton_backend.attention(
                 q, k, v, tensor_layout=call.problem.tensor_layout, is_causal=call.is_causal,
-                attn_mask=call.attn_mask, sm_scale=call.sm_scale, smooth_k=call.smooth_k,
+                attn_mask=call.attn_mask, sm_scale=sm_scale, smooth_k=call.smooth_k,
                 return_lse=call.return_lse, pv_dtype="fp8" if row.op == "qk_int8_pv_fp8" else "fp16")
         else:
             _check_device_once(q.device)
             from sageattention import native
             op = getattr(native, row.op)
             out, lse = op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
-                          is_causal=call.is_causal, sm_scale=call.sm_scale,
+                          is_causal=call.is_causal, sm_scale=sm_scale,
                           qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
                           smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
     record_backend(choice.name)
@@ -297,9 +319,10 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         return torch.zeros_like(q)
     if not choice.fallback:
         from sageattention import triton as triton_backend
+        qp, positive = _positive_scale(q, scale)
         out = triton_backend.varlen_attention(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
-            sm_scale=scale, smooth_k=smooth_k)
+            qp, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
+            sm_scale=positive, smooth_k=smooth_k)
         record_backend(choice.name)
         return out
     log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
@@ -312,7 +335,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
             pieces.append(torch.zeros_like(q[q0:q1]))
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=scale,
+        mask, causal = _causal_as_mask(None, is_causal, scale, q1 - q0, k1 - k0, q.device)
+        o = _torch_sdpa(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale,
                         enable_gqa=problem.q_heads != problem.kv_heads)
         pieces.append(o[0].transpose(0, 1))
     record_backend(SDPA)

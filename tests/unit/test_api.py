@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from sageattention import core, dispatch
+from sageattention import backends, core, dispatch
 from sageattention.dispatch import BackendChoice
 from sageattention.reference import sageattn_reference
 
@@ -161,6 +161,32 @@ def test_fallback_lse_is_natural_log(causal, masked):
     assert (lse.double() - s.logsumexp(-1)).abs().max() < 1e-4
 
 
+def _attention64(q, k, v, causal, scale):
+    """Float64 attention, top-left causal as SDPA, GQA by repeating K/V."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(rep, 1) for t in (k, v))
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return s.softmax(-1) @ v, s.logsumexp(-1)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, -2.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_zero_and_negative_scales_are_attention_with_that_scale(causal, scale):
+    # torch's SDPA with is_causal and such a scale returned NaN on the CPU; the fallback masks instead
+    q, k, v = qkv(nq=40, nk=24)
+    out, lse = sa.sageattn(q, k, v, is_causal=causal, sm_scale=scale, return_lse=True)
+    ref, ref_lse = _attention64(q, k, v, causal, scale)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert (out.double() - ref).abs().max() < 2e-2 and (lse.double() - ref_lse).abs().max() < 1e-3
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+    packed = sa.sageattn_varlen(q[0].transpose(0, 1).contiguous(), k[0].transpose(0, 1).contiguous(),
+                                v[0].transpose(0, 1).contiguous(), cu, torch.tensor([0, 24], dtype=torch.int32),
+                                40, 24, is_causal=causal, sm_scale=scale)
+    assert torch.isfinite(packed).all() and (packed.double() - ref[0].transpose(0, 1)).abs().max() < 2e-2
+
+
 def test_non_contiguous_inputs_give_correct_results():
     q, k, v = qkv()
     qs, ks, vs = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (q, k, v))
@@ -256,6 +282,7 @@ def test_varlen_request_carries_sequence_count_and_heads(monkeypatch):
 def fake_kernels(monkeypatch):
     """Stand-ins for sageattention.native / .triton / .guard that record their calls and compute the
     reference, plus a dispatcher that returns the choice the test sets."""
+    backends.capability_table()   # read the real families' facts before the stand-ins replace them
     calls = []
 
     def native_op(pv_dtype):
@@ -356,3 +383,22 @@ def test_triton_fp8_choice_runs_the_fp8_kernel(fake_kernels):
     sa.sageattn(q, k, v)
     assert calls[-1]["op"] == "triton" and calls[-1]["pv_dtype"] == "fp8"
     assert sa.last_backend() == "triton-fp8"
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125])
+@pytest.mark.parametrize("name", ["cuda-sm80-fp16", "triton-fp16"])
+def test_quantized_backends_get_a_positive_scale_and_the_same_attention(fake_kernels, name, scale):
+    # The kernels take sm_scale > 0 (Triton refuses others; a masked -inf times a scale <= 0 is
+    # +inf or NaN): the call reaches them as -q with |scale|, or as a zero q with scale 1.
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice(name, "test", False, "per_thread" if name.startswith("cuda") else "per_block",
+                                    "fp32")
+    q, k, v = qkv(nq=40, nk=24)
+    result = sa.sageattn(q, k, v, is_causal=True, sm_scale=scale, return_lse=True)
+    assert calls[-1]["scale"] == (abs(scale) or 1.0)
+    if name == "cuda-sm80-fp16":   # the stand-in computes the reference from what it was given
+        out, lse = result
+        ref, ref_lse = _attention64(q, k, v, True, scale)
+        o, r = out.double().flatten(), ref.flatten()
+        assert F.cosine_similarity(o, r, dim=0) > 0.9998 and (o - r).abs().sum() / r.abs().sum() < 0.02
+        assert (lse.double() - ref_lse).abs().max() < 0.1   # INT8 QK error, as the fuzz LSE bars
