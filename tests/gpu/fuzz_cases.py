@@ -7,6 +7,7 @@ kernel, not at a bar the algorithm cannot meet.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ class Case:
     dtype: torch.dtype
     layout: str
     causal: bool
-    scale_factor: float | None   # None: the default 1/sqrt(d)
+    scale_factor: float | None   # None: the default 1/sqrt(d); 0 and negative ones too (SDPA takes them)
     scale_keyword: str           # "sm_scale" or SDPA's "scale"
     return_lse: bool
     view: str
@@ -60,12 +61,13 @@ class Case:
 
     @property
     def scale(self) -> float:
-        return self.head_dim ** -0.5 * (self.scale_factor or 1.0)
+        return self.head_dim ** -0.5 * (1.0 if self.scale_factor is None else self.scale_factor)
 
     @property
     def normal(self) -> bool:
-        """Within the bars' normal inputs (a softer scale included)."""
-        return self.scale_factor in (None, 0.75)
+        """Within the bars' normal inputs: a softer scale, a zero one (uniform weights) and the
+        default's negative (the same score spread, mirrored) included."""
+        return self.scale_factor in (None, 0.75, 0.0, -1.0)
 
     def __str__(self) -> str:
         dt = "fp16" if self.dtype == torch.float16 else "bf16"
@@ -100,6 +102,11 @@ def draw_cases(seed: int = SEED, count: int = N_CASES) -> list[Case]:
 CASES = draw_cases()
 MASK_CASES = [c for c in CASES if not c.causal][:12]
 NATIVE_CASES = [c for c in CASES if c.head_dim in (64, 128) and c.normal][:14]
+# A zero scale (every key weighs the same) and the default's negative, on causal and non-causal
+# draws, with the LSE: a kernel that masks before scaling would turn a masked -inf into +inf.
+SCALE_CASES = [dataclasses.replace(c, scale_factor=factor, scale_keyword=keyword, return_lse=True)
+               for c in ([c for c in NATIVE_CASES if c.causal][:2] + [c for c in NATIVE_CASES if not c.causal][:2])
+               for factor, keyword in ((0.0, "sm_scale"), (-1.0, "scale"))]
 
 
 def kernel_function_options(case: Case, function: str) -> dict:
@@ -207,7 +214,7 @@ def check_call(label, out, lse, ref_out, ref_lse, q, bars, scale, head_dim):
     if lse is not None:
         assert lse.shape == ref_lse.shape and lse.dtype == torch.float32, (label, lse.shape, lse.dtype)
         assert torch.isfinite(lse).all(), f"{label}: non-finite LSE"
-        unit = scale * math.sqrt(head_dim)
+        unit = abs(scale) * math.sqrt(head_dim) or 1.0   # the LSE's spread; a zero scale has none
         err = (lse.double() - ref_lse).abs()
         assert err.mean().item() <= lse_mean * unit and err.max().item() <= lse_max * unit, (
             f"{label}: LSE error mean {err.mean().item():.4f}, max {err.max().item():.4f} "

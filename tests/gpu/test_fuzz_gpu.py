@@ -27,6 +27,7 @@ from fuzz_cases import (
     LENGTHS,
     MASK_CASES,
     NATIVE_CASES,
+    SCALE_CASES,
     SEED,
     Case,
     accuracy,
@@ -73,6 +74,23 @@ def test_sageattn_on_every_backend_matches_fp64_attention(case: Case):
                    bars_for(backends.backend(name).op, case), case.scale, case.head_dim)
         ran.append(name)
     assert "sdpa" in ran, ran   # SDPA runs everything: an empty list would check nothing
+
+
+@pytest.mark.parametrize("case", SCALE_CASES, ids=str)
+def test_zero_and_negative_scales_on_every_backend_match_fp64_attention(case: Case):
+    q, k, v = make_inputs(case)
+    kwargs = {case.scale_keyword: case.scale}
+    ref_out, ref_lse = expected(q, k, v, case.layout, case.causal, case.scale)
+    ran = []
+    for name in runnable_backends(q, k, v, case, kwargs):
+        with sa.force_backend(name):
+            out, lse = sa.sageattn(q, k, v, tensor_layout=case.layout, is_causal=case.causal,
+                                   return_lse=True, **kwargs)
+        assert sa.last_backend() == name, (name, sa.last_backend())
+        check_call(f"{case} on {name}", out, lse, ref_out, ref_lse, q,
+                   bars_for(backends.backend(name).op, case), case.scale, case.head_dim)
+        ran.append(name)
+    assert len(ran) > 1, ran   # SDPA and at least one quantized backend
 
 
 @pytest.mark.parametrize("case", MASK_CASES, ids=str)

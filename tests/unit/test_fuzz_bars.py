@@ -18,6 +18,7 @@ from fuzz_cases import (  # noqa: E402  (a helper of the GPU tier)
     CASES,
     KERNEL_FUNCTIONS,
     NATIVE_CASES,
+    SCALE_CASES,
     VIEWS,
     bars_for,
     check_call,
@@ -42,7 +43,7 @@ def reference_call(case, q, k, v, row, *, gran=None, accum=None, smooth_k=True, 
         pv16=torch.float16 if row.family == "sm75" else None)   # Turing: no bf16 mma
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CASES + SCALE_CASES, ids=str)
 def test_reference_meets_the_sageattn_fuzz_bars(case):
     q, k, v = make_inputs(case, device="cpu")
     ref_out, ref_lse = expected(q, k, v, case.layout, case.causal, case.scale)
