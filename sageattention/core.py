@@ -82,13 +82,15 @@ def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     return torch.cat(pieces, dim=-1)
 
 
-def _causal_as_mask(mask, is_causal: bool, scale: float, q_len: int, kv_len: int, device):
-    """(attn_mask, is_causal) for SDPA: with a zero or negative scale, causality as a bool mask.
-    SDPA's is_causal then returned NaN/Inf on the CPU (torch 2.14: masked scores times the scale);
-    the same top-left mask given as a bool mask is right. Masks and is_causal never come together."""
-    if is_causal and scale is not None and scale <= 0:
-        return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(), False
-    return mask, is_causal
+def _positive_scale(q, scale: float):
+    """(q, scale) with the same attention and a positive scale, which the quantized kernels take:
+    a negative scale is -q with |scale|; a zero one (every score 0, equal weights) a zero q with 1.
+    The LSE is unchanged too."""
+    if scale > 0:
+        return q, scale
+    if scale == 0:
+        return q * 0.0, 1.0   # not zeros_like: SDPA's autograd still reaches q (a zero gradient)
+    return torch.neg(q), -scale
 
 
 def _run_sdpa(call: AttnCall, q, k, v):
@@ -106,24 +108,15 @@ def _run_sdpa(call: AttnCall, q, k, v):
         # h200-2026-12-03-sdpa-gqa.txt); so past the grid limit each q head gets its kv head's copy.
         group = p.q_heads // p.kv_heads
         kh, vh, gqa = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1), False
-    mask, is_causal = _causal_as_mask(mask, call.is_causal, call.sm_scale, p.q_len, p.kv_len, qh.device)
-    out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=is_causal,
-                      scale=call.sm_scale, enable_gqa=gqa).to(p.dtype)
+    # torch's SDPA returned NaN/Inf for a zero or negative scale (CUDA; on the CPU with is_causal;
+    # torch 2.11 and 2.14), so it gets the same attention with a positive one.
+    qh, scale = _positive_scale(qh, call.sm_scale)
+    out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
+                      scale=scale, enable_gqa=gqa).to(p.dtype)
     if p.tensor_layout == "NHD":
         out = out.transpose(1, 2).contiguous()
-    lse = _sdpa_lse(qh, kh, mask, is_causal, call.sm_scale) if call.return_lse else None
+    lse = _sdpa_lse(qh, kh, mask, call.is_causal, scale) if call.return_lse else None
     return out, lse
-
-
-def _positive_scale(q, scale: float):
-    """(q, scale) with the same attention and a positive scale, which the quantized kernels take:
-    a negative scale is -q with |scale|; a zero one (every score 0, equal weights) a zero q with 1.
-    The LSE is unchanged too."""
-    if scale > 0:
-        return q, scale
-    if scale == 0:
-        return torch.zeros_like(q), 1.0
-    return torch.neg(q), -scale
 
 
 def _run(call: AttnCall, choice: BackendChoice, q, k, v):
@@ -310,7 +303,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     req = dispatch.Request(device_type=problem.device.type,
                            capability=dispatch.device_capability(problem.device), dtype=problem.dtype,
                            head_dim=problem.head_dim, requires_grad=problem.requires_grad,
-                           batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads)
+                           batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads,
+                           scale_magnitude=dispatch.scale_magnitude(scale))
     forced = dispatch.forced_backend()
     choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
                              allow_fallback=True, forced=forced)
@@ -335,8 +329,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
             pieces.append(torch.zeros_like(q[q0:q1]))
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        mask, causal = _causal_as_mask(None, is_causal, scale, q1 - q0, k1 - k0, q.device)
-        o = _torch_sdpa(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=scale,
+        qs, positive = _positive_scale(qs, scale)
+        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=positive,
                         enable_gqa=problem.q_heads != problem.kv_heads)
         pieces.append(o[0].transpose(0, 1))
     record_backend(SDPA)

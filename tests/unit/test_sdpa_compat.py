@@ -73,6 +73,16 @@ def test_shapes_outside_the_api_go_to_torch_unchanged():
     assert sa.last_backend() == "sdpa"
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.3])
+def test_zero_and_negative_scales_give_attention_where_torch_gave_nan(scale):
+    q3, k3 = torch.randn(3, 10, 16, dtype=torch.float64), torch.randn(3, 12, 16, dtype=torch.float64)
+    # torch 2.14's own SDPA returns NaN/Inf here (is_causal with such a scale, on the CPU)
+    out = sa.scaled_dot_product_attention(q3, k3, k3, is_causal=True, scale=scale)
+    s = (q3 @ k3.transpose(-1, -2) * scale).masked_fill(torch.ones(10, 12, dtype=torch.bool).triu(1),
+                                                        float("-inf"))
+    assert torch.allclose(out, s.softmax(-1) @ k3)
+
+
 def test_patch_sdpa_patches_and_restores():
     q, k, v = qkv()
     mask = torch.ones(24, 40, dtype=torch.bool).tril()
