@@ -179,6 +179,13 @@ def backend(name: str) -> Backend:
 # Forced backends and the kernel-specific functions do not use it.
 MIN_QUANTIZED_TOKENS = 64
 
+# Largest |sm_scale| the quantized backends take; larger ones run SDPA (forcing one is an error).
+# On an H100 every quantized backend gave finite outputs at 8 and 1000 (cosine 0.997 and 0.97-0.99
+# against fp64, a near one-hot softmax) and NaN at 1e30, where SDPA was right
+# (benchmarks/results/h100-2026-12-05-scales-84edb06.txt). Zero and negative scales are folded
+# into q (core._positive_scale) and need no limit.
+MAX_QUANTIZED_SCALE = 1000.0
+
 PREFERENCE = (
     ((9, 0), ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "triton-fp16",
               "cuda-sm75-fp16", "triton-fp8", SDPA)),

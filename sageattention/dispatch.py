@@ -87,6 +87,7 @@ class Request:
     seq_k: int | None = None
     causal: bool = False
     return_lse: bool = False
+    scale_magnitude: float = 0.0  # |sm_scale|, only compared with backends.MAX_QUANTIZED_SCALE
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,8 @@ def _input_reason(req: Request, candidates: tuple[Backend, ...]) -> str | None:
         return "the inputs require grad; the quantized kernels are forward-only"
     if req.dropout:
         return "dropout_p > 0; the quantized kernels have no dropout"
+    if req.scale_magnitude > backends.MAX_QUANTIZED_SCALE:
+        return _scale_reason(req)
     if req.has_mask and not any(b.takes_mask for b in candidates):
         return "an attention mask was given; the native kernels take no mask"
     dims = [b.head_dims for b in candidates if b.head_dims is not None]
@@ -287,6 +290,11 @@ def _input_reason(req: Request, candidates: tuple[Backend, ...]) -> str | None:
     if limits and all(_past_grid_limit(req, limit) for limit in limits):
         return _past_grid_limit(req, max(limits)) + " of the quantized kernels"
     return None
+
+
+def _scale_reason(req: Request) -> str:
+    return (f"|sm_scale| {req.scale_magnitude:g} is above {backends.MAX_QUANTIZED_SCALE:g}, the largest the "
+            "quantized kernels are checked with")
 
 
 def _too_short_to_quantize(req: Request) -> str | None:
@@ -348,6 +356,8 @@ def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[
         hard.append("forward only (inputs require grad)")
     if req.dropout and not b.takes_dropout:
         hard.append("no dropout")
+    if req.scale_magnitude > backends.MAX_QUANTIZED_SCALE:
+        hard.append(_scale_reason(req))
     if req.qk_quant_gran is not None and req.qk_quant_gran not in b.qk_quant_grans:
         options.append(f"qk_quant_gran={req.qk_quant_gran!r} is not provided by {b.name} "
                        f"(it has {', '.join(b.qk_quant_grans)}); using {b.qk_quant_grans[0]!r}")
@@ -520,6 +530,12 @@ def _forced_choice(name: str, req: Request, inv: Inventory, candidates) -> Backe
 
 # --- tensor-level API -----------------------------------------------------------------------
 
+def scale_magnitude(sm_scale: float) -> float:
+    """Request.scale_magnitude for this scale: |sm_scale| past backends.MAX_QUANTIZED_SCALE, else 0
+    (below the limit the value does not matter, so ordinary scales share one cached choice)."""
+    return abs(sm_scale) if abs(sm_scale) > backends.MAX_QUANTIZED_SCALE else 0.0
+
+
 def request_for(call: AttnCall) -> Request:
     p = call.problem
     # A learned additive mask (a bias that requires grad) needs SDPA's backward as much as q, k, v do.
@@ -530,7 +546,7 @@ def request_for(call: AttnCall) -> Request:
                    dropout=call.dropout_p > 0, qk_quant_gran=call.qk_quant_gran,
                    pv_accum_dtype=call.pv_accum_dtype, smooth_v=call.smooth_v,
                    batch_heads=p.batch * p.q_heads, batch=p.batch, q_heads=p.q_heads, seq_q=p.q_len, seq_k=p.kv_len, causal=call.is_causal,
-                   return_lse=call.return_lse)
+                   return_lse=call.return_lse, scale_magnitude=scale_magnitude(call.sm_scale))
 
 
 def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True) -> BackendChoice:

@@ -431,3 +431,29 @@ def test_inventory_without_compiled_kernels_says_why():
     # In a source checkout nothing is compiled; each family reports a reason, never a crash.
     for why in state.values():
         assert why is None or isinstance(why, str)
+
+
+def test_a_scale_past_the_checked_limit_runs_sdpa_and_forcing_a_kernel_is_refused():
+    from sageattention.core import _FP16_NATIVE
+    huge = dict(scale_magnitude=dispatch.scale_magnitude(-1e30))
+    choice = choose(req(**huge), inv(*ALL))
+    assert choice.name == "sdpa" and "|sm_scale| 1e+30 is above 1000" in choice.reason
+    assert choose(req(**huge), inv(*ALL), candidates=_FP16_NATIVE, allow_fallback=False).name == "sdpa"
+    with pytest.raises(BackendUnavailableError, match=r"\|sm_scale\| 1e\+30 is above 1000"):
+        choose(req(**huge), inv(*ALL), forced="triton-fp16")
+    # at the limit and below, and for zero or negative scales, nothing changes (one cache key)
+    for scale in (1000.0, -1000.0, 0.0, -0.125, 0.125):
+        assert dispatch.scale_magnitude(scale) == 0.0
+    assert choose(req(), inv(*ALL)).name == "cuda-sm90-fp16"
+
+
+def test_sageattn_passes_its_scale_to_the_dispatcher(monkeypatch):
+    seen = []
+    real = dispatch.choose
+    monkeypatch.setattr(dispatch, "choose", lambda r, *a, **kw: seen.append(r) or real(r, *a, **kw))
+    q = torch.randn(1, 2, 8, 64)
+    sa.sageattn(q, q, q, sm_scale=-5e3)
+    sa.sageattn_varlen(q[0].transpose(0, 1).contiguous(), q[0].transpose(0, 1).contiguous(),
+                       q[0].transpose(0, 1).contiguous(), torch.tensor([0, 8], dtype=torch.int32),
+                       torch.tensor([0, 8], dtype=torch.int32), 8, 8, sm_scale=2e3)
+    assert [r.scale_magnitude for r in seen] == [5e3, 2e3]
