@@ -113,6 +113,11 @@ def _run_sdpa(call: AttnCall, q, k, v):
     qh, scale = _positive_scale(qh, call.sm_scale)
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
                       scale=scale, enable_gqa=gqa).to(p.dtype)
+    if mask is not None:
+        # A query whose every key is masked gets 0, as from the Triton kernels and torch's CPU SDPA;
+        # torch's CUDA kernels have returned NaN there (pytorch/pytorch#103749, #110213).
+        visible = mask if mask.dtype == torch.bool else mask != -math.inf
+        out = out.masked_fill(~visible.any(dim=-1, keepdim=True), 0)
     if p.tensor_layout == "NHD":
         out = out.transpose(1, 2).contiguous()
     lse = _sdpa_lse(qh, kh, mask, call.is_causal, scale) if call.return_lse else None

@@ -402,3 +402,27 @@ def test_quantized_backends_get_a_positive_scale_and_the_same_attention(fake_ker
         o, r = out.double().flatten(), ref.flatten()
         assert F.cosine_similarity(o, r, dim=0) > 0.9998 and (o - r).abs().sum() / r.abs().sum() < 0.02
         assert (lse.double() - ref_lse).abs().max() < 0.1   # INT8 QK error, as the fuzz LSE bars
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "additive-fp32"])
+def test_sdpa_fallback_gives_zero_for_queries_with_every_key_masked(kind, monkeypatch):
+    # torch's CUDA kernels have returned NaN for such rows; stand in for them on the CPU
+    def nan_rows_sdpa(q, k, v, attn_mask=None, **kw):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)
+        visible = attn_mask if attn_mask.dtype == torch.bool else attn_mask != -math.inf
+        return out.masked_fill(~visible.any(-1, keepdim=True), math.nan)
+
+    monkeypatch.setattr(core, "_torch_sdpa", nan_rows_sdpa)
+    q, k, v = qkv(nq=6, nk=8, layout="NHD")
+    keep = torch.rand(2, 1, 6, 8) > 0.3
+    keep[..., 0] = True
+    keep[1, :, 4] = False   # batch 1, query 4: no key
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    if kind == "additive":
+        mask = mask.half()
+    out = sa.sageattn(q, k, v, tensor_layout="NHD", attn_mask=mask)
+    assert torch.isfinite(out).all() and not out[1, 4].any()
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)),
+                                         attn_mask=keep, enable_gqa=True).transpose(1, 2)
+    rows = keep.any(-1)[:, 0]   # [batch, query]
+    torch.testing.assert_close(out[rows].float(), ref[rows], atol=2e-3, rtol=2e-3)
