@@ -422,7 +422,9 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
         if choice is not None:
             return choice
 
-    short = _too_short_to_quantize(req) if candidates is None and allow_fallback else None
+    # Not with return_lse: SDPA's LSE is a separate fp32 pass over Q.K^T (and GQA-expanded K), which
+    # for a few queries against a long K costs more memory than the native kernels' LSE.
+    short = None if req.return_lse or candidates is not None or not allow_fallback else _too_short_to_quantize(req)
     if short and any(not hard for _, hard, _ in assessed):
         reason = f"{SDPA_FASTER}: {short}"
         return BackendChoice(SDPA, f"{reason}; {note}" if note else reason, True)

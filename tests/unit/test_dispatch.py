@@ -209,6 +209,8 @@ def test_the_short_call_rule_leaves_forcing_kernel_functions_and_input_reasons_a
     # a short masked call too: SDPA takes the mask itself
     masked = choose(req(has_mask=True, **short), inv(*ALL))
     assert masked.name == "sdpa" and masked.reason.startswith(dispatch.SDPA_FASTER)
+    # but not with return_lse: SDPA's LSE pass over Q.K^T would cost more than the kernel's LSE
+    assert choose(req(return_lse=True, **short), inv(*ALL)).name == "cuda-sm90-fp16"
 
 
 def test_requested_accumulator_picks_the_family_that_has_it():
