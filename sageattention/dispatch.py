@@ -56,6 +56,13 @@ class Inventory:
         if isinstance(self.native, dict):
             object.__setattr__(self, "native", tuple(sorted(self.native.items())))
 
+    def __hash__(self) -> int:  # computed once: an Inventory is part of every cached choice's key
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.native, self.triton))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
     def family_problem(self, family: str) -> str | None:
         return dict(self.native).get(family, "not in this build")
 
@@ -150,7 +157,12 @@ def current_inventory(device: torch.device | None = None) -> Inventory:
     index = device.index if device is not None and device.type == "cuda" else None
     if device is not None and device.type == "cuda" and index is None:
         index = torch.cuda.current_device()
-    return Inventory(native=_native_state(), triton=_triton_state(index))
+    return _inventory(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _inventory(device_index: int | None) -> Inventory:
+    return Inventory(native=_native_state(), triton=_triton_state(device_index))
 
 
 @functools.lru_cache(maxsize=None)

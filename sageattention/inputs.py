@@ -107,16 +107,17 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
                              f"got shape {tuple(t.shape)}")
     _check_one_device_and_dtype(q, k, v)
     h_ax, n_ax = (1, 2) if tensor_layout == "HND" else (2, 1)
-    b, hq, nq, d = q.shape[0], q.shape[h_ax], q.shape[n_ax], q.shape[3]
-    hkv, nk = k.shape[h_ax], k.shape[n_ax]
-    if k.shape[0] != b or v.shape[0] != b:
-        raise ValueError(f"batch sizes differ: q {b}, k {k.shape[0]}, v {v.shape[0]}")
-    if k.shape[3] != d or v.shape[3] != d:
-        raise ValueError(f"head dims differ: q {d}, k {k.shape[3]}, v {v.shape[3]} (they must be equal)")
-    if v.shape[n_ax] != nk:
-        raise ValueError(f"k and v token counts differ: k {nk}, v {v.shape[n_ax]}")
-    if v.shape[h_ax] != hkv:
-        raise ValueError(f"k and v head counts differ: k {hkv}, v {v.shape[h_ax]}")
+    qs, ks, vs = q.shape, k.shape, v.shape   # read once: each .shape builds a new torch.Size
+    b, hq, nq, d = qs[0], qs[h_ax], qs[n_ax], qs[3]
+    hkv, nk = ks[h_ax], ks[n_ax]
+    if ks[0] != b or vs[0] != b:
+        raise ValueError(f"batch sizes differ: q {b}, k {ks[0]}, v {vs[0]}")
+    if ks[3] != d or vs[3] != d:
+        raise ValueError(f"head dims differ: q {d}, k {ks[3]}, v {vs[3]} (they must be equal)")
+    if vs[n_ax] != nk:
+        raise ValueError(f"k and v token counts differ: k {nk}, v {vs[n_ax]}")
+    if vs[h_ax] != hkv:
+        raise ValueError(f"k and v head counts differ: k {hkv}, v {vs[h_ax]}")
     if hkv == 0 and hq != 0 or hkv and hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
     if enable_gqa is False and hq != hkv:
