@@ -64,19 +64,28 @@ def _to_hnd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.transpose(1, 2) if layout == "NHD" else t
 
 
+# Scores the SDPA path's LSE holds at once (fp32 elements, 1 GiB): it takes as many query rows
+# per block as fit, at least one.
+LSE_SCORE_BUDGET = 1 << 28
+
+
 def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
-    """Natural-log LSE of the SDPA scores, HND inputs, in fp32, a block of query rows at a time."""
-    group = q.shape[1] // k.shape[1]
-    kf = k.float().repeat_interleave(group, dim=1)
-    nq, nk = q.shape[2], k.shape[2]
+    """Natural-log LSE of the SDPA scores, HND inputs, in fp32, a block of query rows at a time.
+    GQA without copying K per query head: the query heads of one kv head share its K."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    kt = k.float().transpose(-1, -2)[:, :, None]   # [B, Hkv, 1, D, Nk]
+    step = max(1, min(nq, LSE_SCORE_BUDGET // max(1, b * hq * nk)))
     pieces = []
-    for r0 in range(0, nq, 512):
-        s = (q[:, :, r0:r0 + 512].float() @ kf.transpose(-1, -2)) * sm_scale
+    for r0 in range(0, nq, step):
+        qb = q[:, :, r0:r0 + step].float()
+        s = (qb.reshape(b, hkv, group, -1, d) @ kt).reshape(b, hq, -1, nk) * sm_scale
         if is_causal:
             rows = torch.arange(r0, r0 + s.shape[2], device=q.device)[:, None]
             s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > rows, -math.inf)
         if mask is not None:
-            m = mask[..., r0:r0 + 512, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
+            m = mask[..., r0:r0 + step, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
             s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
         pieces.append(torch.logsumexp(s, dim=-1))
     return torch.cat(pieces, dim=-1)
