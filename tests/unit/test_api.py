@@ -145,12 +145,19 @@ def test_fp32_fp64_and_grad_fall_back_with_gradients():
     assert sa.sageattn(q64, k64, v64).dtype == torch.float64
 
 
-@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
-def test_fallback_lse_is_natural_log(causal, masked):
+@pytest.mark.parametrize("one_row_blocks", [False, True])
+@pytest.mark.parametrize("causal,mask_shape", [(False, None), (True, None), (False, (40, 24)),
+                                               (False, (2, 4, 40, 24))])
+def test_fallback_lse_is_natural_log(causal, mask_shape, one_row_blocks, monkeypatch):
+    # 4 query heads on 2 kv heads; one_row_blocks: a score budget of one query row per block
+    # (b * hq * nk), whose blocks must join up
+    if one_row_blocks:
+        monkeypatch.setattr(core, "LSE_SCORE_BUDGET", 2 * 4 * 24)
     q, k, v = qkv(nq=40, nk=24)
-    mask = (torch.rand(40, 24) > 0.5) if masked else None
+    mask = (torch.rand(mask_shape) > 0.5) if mask_shape else None
+    masked = mask is not None
     if masked:
-        mask[:, 0] = True
+        mask[..., 0] = True
     out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
     assert lse.shape == (2, 4, 40) and lse.dtype == torch.float32
     s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 64 ** -0.5
@@ -426,22 +433,3 @@ def test_sdpa_fallback_gives_zero_for_queries_with_every_key_masked(kind, monkey
                                          attn_mask=keep, enable_gqa=True).transpose(1, 2)
     rows = keep.any(-1)[:, 0]   # [batch, query]
     torch.testing.assert_close(out[rows].float(), ref[rows], atol=2e-3, rtol=2e-3)
-
-
-@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
-def test_fallback_lse_in_blocks_of_rows_without_copying_k_per_query_head(causal, masked, monkeypatch):
-    # a budget of one query row per block (b * hq * nk scores): the blocks must join up exactly
-    q, k, v = qkv(nq=40, nk=24)   # 4 query heads on 2 kv heads
-    mask = (torch.rand(2, 4, 40, 24) > 0.5) if masked else None
-    if masked:
-        mask[..., 0] = True
-    whole, whole_lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
-    monkeypatch.setattr(core, "LSE_SCORE_BUDGET", 2 * 4 * 24)
-    out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
-    assert torch.equal(out, whole) and torch.allclose(lse, whole_lse, atol=1e-5)
-    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 64 ** -0.5
-    if causal:
-        s = s.masked_fill(torch.ones(40, 24, dtype=torch.bool).triu(1), -math.inf)
-    if masked:
-        s = s.masked_fill(~mask, -math.inf)
-    assert (lse.double() - s.logsumexp(-1)).abs().max() < 1e-4
