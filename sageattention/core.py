@@ -325,12 +325,12 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     if q.shape[0] == 0:
         record_backend(None)
         return torch.zeros_like(q)
+    q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike
     if not choice.fallback:
         from sageattention import triton as triton_backend
-        qp, positive = _positive_scale(q, scale)
         out = triton_backend.varlen_attention(
-            qp, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
-            sm_scale=positive, smooth_k=smooth_k)
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
+            sm_scale=scale, smooth_k=smooth_k)
         record_backend(choice.name)
         return out
     log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
@@ -343,8 +343,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
             pieces.append(torch.zeros_like(q[q0:q1]))
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        qs, positive = _positive_scale(qs, scale)
-        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=positive,
+        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=scale,
                         enable_gqa=problem.q_heads != problem.kv_heads)
         pieces.append(o[0].transpose(0, 1))
     record_backend(SDPA)

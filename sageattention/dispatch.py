@@ -315,9 +315,9 @@ def _too_short_to_quantize(req: Request) -> str | None:
     least = backends.MIN_QUANTIZED_TOKENS
     for one, many, count in (("query", "queries", req.seq_q), ("key", "keys", req.seq_k)):
         if count is not None and count < least:
-            return (f"{count} {one if count == 1 else many} per sequence, fewer than {least}: a call "
-                    "this short is bound by memory, and quantizing it costs more than the INT8 product saves "
-                    "(force a backend to run one anyway)")
+            return (f"{count} {one if count == 1 else many} per sequence, fewer than {least}: a "
+                    "call this short is bound by memory, and quantizing it costs more than the INT8 "
+                    "product saves (force a backend to run one anyway)")
     return None
 
 
@@ -434,9 +434,10 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
         if choice is not None:
             return choice
 
-    # Not with return_lse: SDPA's LSE is a separate fp32 pass over Q.K^T (and GQA-expanded K), which
-    # for a few queries against a long K costs more memory than the native kernels' LSE.
-    short = None if req.return_lse or candidates is not None or not allow_fallback else _too_short_to_quantize(req)
+    # Plain sageattn only, and not with return_lse: SDPA's LSE is a separate fp32 pass over Q.K^T
+    # that the native kernels' LSE does not need.
+    default = _default_path(candidates, allow_fallback, forced)
+    short = _too_short_to_quantize(req) if default and not req.return_lse else None
     if short and any(not hard for _, hard, _ in assessed):
         reason = f"{SDPA_FASTER}: {short}"
         return BackendChoice(SDPA, f"{reason}; {note}" if note else reason, True)

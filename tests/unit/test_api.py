@@ -145,6 +145,18 @@ def test_fp32_fp64_and_grad_fall_back_with_gradients():
     assert sa.sageattn(q64, k64, v64).dtype == torch.float64
 
 
+def _attention64(q, k, v, causal, scale, mask=None):
+    """Float64 attention and its LSE, top-left causal as SDPA, a bool mask, GQA by repeating K/V."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = (t.double().repeat_interleave(rep, 1) for t in (k, v))
+    s = (q.double() @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    return s.softmax(-1) @ v, s.logsumexp(-1)
+
+
 @pytest.mark.parametrize("one_row_blocks", [False, True])
 @pytest.mark.parametrize("causal,mask_shape", [(False, None), (True, None), (False, (40, 24)),
                                                (False, (2, 4, 40, 24))])
@@ -155,33 +167,19 @@ def test_fallback_lse_is_natural_log(causal, mask_shape, one_row_blocks, monkeyp
         monkeypatch.setattr(core, "LSE_SCORE_BUDGET", 2 * 4 * 24)
     q, k, v = qkv(nq=40, nk=24)
     mask = (torch.rand(mask_shape) > 0.5) if mask_shape else None
-    masked = mask is not None
-    if masked:
+    if mask is not None:
         mask[..., 0] = True
     out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
     assert lse.shape == (2, 4, 40) and lse.dtype == torch.float32
-    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 64 ** -0.5
-    if causal:
-        s = s.masked_fill(torch.ones(40, 24, dtype=torch.bool).triu(1), -math.inf)
-    if masked:
-        s = s.masked_fill(~mask, -math.inf)
-    assert (lse.double() - s.logsumexp(-1)).abs().max() < 1e-4
-
-
-def _attention64(q, k, v, causal, scale):
-    """Float64 attention, top-left causal as SDPA, GQA by repeating K/V."""
-    rep = q.shape[1] // k.shape[1]
-    k, v = (t.double().repeat_interleave(rep, 1) for t in (k, v))
-    s = (q.double() @ k.transpose(-1, -2)) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-    return s.softmax(-1) @ v, s.logsumexp(-1)
+    _, ref_lse = _attention64(q, k, v, causal, 64 ** -0.5, mask)
+    assert (lse.double() - ref_lse).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.125, -2.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_zero_and_negative_scales_are_attention_with_that_scale(causal, scale):
-    # torch's SDPA with is_causal and such a scale returned NaN on the CPU; the fallback masks instead
+    # torch's SDPA with is_causal and such a scale returned NaN on the CPU; the fallback gives it the
+    # same attention with a positive scale
     q, k, v = qkv(nq=40, nk=24)
     out, lse = sa.sageattn(q, k, v, is_causal=causal, sm_scale=scale, return_lse=True)
     ref, ref_lse = _attention64(q, k, v, causal, scale)
