@@ -398,7 +398,8 @@ struct ThreadScales {
   const float* ks_src;
   int ks_step;
   __device__ __forceinline__ ThreadScales(const AttnParams& p, int64_t bh, int64_t bhkv, int row0, int g, int t)
-      : qs(p.q_scale[bh * p.q_groups + q_scale_index(p.gran, row0, g)]),
+      // rows at or past q_pad (a 192-row CTA's last warpgroup) have zero Q: any finite scale does
+      : qs(p.q_scale[bh * p.q_groups + q_scale_index(p.gran, min(row0, p.q_pad - 16), g)]),
         ks_src(p.k_scale + bhkv * p.k_groups + (p.gran == QuantGran::kPerThread ? t : 0)),
         ks_step(p.gran == QuantGran::kPerThread ? 4 : 1) {}
 };
@@ -825,7 +826,9 @@ struct WgmmaWsTraits {
   static constexpr int kProducerRegs = V_BYTES == 1 ? 40 : 56;
 #endif
   static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
-  static_assert(NWG == 1 || NWG == 2, "one or two consumer warpgroups (the Q padding is 128 rows)");
+  // Three: the CTA's 192 rows run past the 128-row Q padding; the kernel asks for the copy engine,
+  // which fills rows past q_pad with zeros, and ThreadScales clamps their scale index.
+  static_assert(NWG >= 1 && NWG <= 3, "one to three consumer warpgroups");
   static_assert(STAGES >= 2, "at least double buffering");
   static_assert(NWG * kConsumerRegs + kProducerRegs <= (NWG + 1) * kEntryRegs && kProducerRegs % 8 == 0 &&
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
@@ -894,6 +897,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
+  static_assert(NWG <= 2 || kTma, "three consumer warpgroups read Q rows past q_pad: the copy engine's zeros");
   static_assert(!PERSISTENT || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
   static_assert(!SAGE_WG_EARLY_PRESET || SAGE_WG_FUSED_UPDATE, "SAGE_WG_EARLY_PRESET needs SAGE_WG_FUSED_UPDATE");
   static_assert(!SAGE_WG_QK_AHEAD || (SAGE_WG_FUSED_UPDATE && !PINGPONG && !SAGE_WG_WS_OVERLAP &&

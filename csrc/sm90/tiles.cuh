@@ -22,14 +22,27 @@ namespace sage::sm90 {
 
 template <int HEAD_DIM>
 struct Tile;
+// Tuning overrides of the tile per head dim (e.g. -DSAGE_SM90_NWG_64=3 -DSAGE_SM90_BLOCK_N_128=64).
+#ifndef SAGE_SM90_NWG_64
+#define SAGE_SM90_NWG_64 2
+#endif
+#ifndef SAGE_SM90_BLOCK_N_64
+#define SAGE_SM90_BLOCK_N_64 128
+#endif
+#ifndef SAGE_SM90_NWG_128
+#define SAGE_SM90_NWG_128 2
+#endif
+#ifndef SAGE_SM90_BLOCK_N_128
+#define SAGE_SM90_BLOCK_N_128 128
+#endif
 template <>
 struct Tile<64> {
-  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_64, kBlockN = SAGE_SM90_BLOCK_N_64, kStages = 2;
   static constexpr bool kPingPong = false;
 };
 template <>
 struct Tile<128> {
-  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = 2;
+  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_128, kBlockN = SAGE_SM90_BLOCK_N_128, kStages = 2;
   static constexpr bool kPingPong = false;
 };
 

@@ -81,13 +81,18 @@ def test_attention_uses_the_warp_specialized_wgmma_kernel_directly():
     assert not [n for n, t in files.items() if "attn_dispatch.cuh" in t or "SAGE_WGMMA" in t]
     tiles = _source("tiles.cuh")
     assert '#include "../common/attn_wgmma.cuh"' in tiles
-    shapes = {int(d): tuple(map(int, (nwg, n, st))) + (pp,) for d, nwg, n, st, pp in re.findall(
-        r"struct Tile<(\d+)> \{\s*static constexpr int kConsumerWarpgroups = (\d+), kBlockN = (\d+), "
-        r"kStages = (\d+);\s*static constexpr bool kPingPong = (\w+);", tiles)}
+    # each head dim's tile: warpgroups and key block from their overridable defaults
+    defaults = {name: int(value) for name, value in re.findall(r"#define (SAGE_SM90_\w+) (\d+)", tiles)}
+    tiles_found = re.findall(
+        r"struct Tile<(\d+)> \{\s*static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_(\d+), "
+        r"kBlockN = SAGE_SM90_BLOCK_N_(\d+), kStages = (\d+);\s*static constexpr bool kPingPong = (\w+);", tiles)
+    assert all(d == d_nwg == d_n for d, d_nwg, d_n, _, _ in tiles_found)
+    shapes = {int(d): (defaults[f"SAGE_SM90_NWG_{d}"], defaults[f"SAGE_SM90_BLOCK_N_{d}"], int(st), pp)
+              for d, _, _, st, pp in tiles_found}
     # the tuning choice may change; the shapes must be ones the kernel's traits accept
     assert set(shapes) == {64, 128}
     for nwg, block_n, stages, pingpong in shapes.values():
-        assert nwg in (1, 2) and block_n in (64, 128) and stages >= 2
+        assert nwg in (1, 2, 3) and block_n in (64, 128) and stages >= 2
         assert pingpong in ("false", "true") and (pingpong == "false" or nwg == 2)
     assert "PvKind::kBf16, __nv_bfloat16" in tiles and "PvKind::kFp16, __half" in tiles
     assert "pv_in_bf16(dtype, PvAccum::kF32)" in tiles
