@@ -854,23 +854,24 @@ inline constexpr bool kWsTma = SAGE_WG_TMA != 0;
 #if SAGE_WG_TRACE >= 0
 namespace wg_trace {
 constexpr int kFirst = 8, kBlocks = 16, kTiles = 2;  // K blocks 8..23 of the first tile; two tiles
+constexpr int kWgs = 3;  // consumer warpgroups a CTA can have
 // One per module (static: each .cu has its own, read by its own print_kernel).
 struct Buffer {
-  int written[2];  // per consumer warpgroup: the traced CTA ran
+  int written[kWgs];  // per consumer warpgroup: the traced CTA ran
   unsigned smid;
-  uint32_t entry[2];
-  int block_count[2];  // traced K blocks of the first tile
-  uint32_t block[2][kBlocks][5];
-  int tile_count[2];
-  int tile_blocks[2][kTiles];
-  uint32_t tile[2][kTiles][5];
+  uint32_t entry[kWgs];
+  int block_count[kWgs];  // traced K blocks of the first tile
+  uint32_t block[kWgs][kBlocks][5];
+  int tile_count[kWgs];
+  int tile_blocks[kWgs][kTiles];
+  uint32_t tile[kWgs][kTiles][5];
 };
 static __device__ Buffer g_buffer;
 
 // The lines gpu_dev_profile.py trace reads; launched after the attention kernel on its stream.
 static __global__ void print_kernel() {
   Buffer& b = g_buffer;
-  for (int w = 0; w < 2; ++w) {
+  for (int w = 0; w < kWgs; ++w) {
     if (!b.written[w]) continue;
     for (int i = 0; i < b.block_count[w]; ++i)
       printf("TRACE sm %u wg %d kb %d %u %u %u %u %u\n", b.smid, w, kFirst + i, b.block[w][i][0], b.block[w][i][1],
