@@ -104,7 +104,7 @@ def _positive_scale(q, scale: float):
 
 def _run_sdpa(call: AttnCall, q, k, v):
     p = call.problem
-    qh, kh, vh = (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
+    qh, kh, vh = (q, k, v) if p.tensor_layout == "HND" else (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
     mask = call.attn_mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != p.dtype:
         # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
@@ -121,7 +121,9 @@ def _run_sdpa(call: AttnCall, q, k, v):
     # torch 2.11 and 2.14), so it gets the same attention with a positive one.
     qh, scale = _positive_scale(qh, call.sm_scale)
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
-                      scale=scale, enable_gqa=gqa).to(p.dtype)
+                      scale=scale, enable_gqa=gqa)
+    if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask
+        out = out.to(p.dtype)
     if mask is not None:
         # A query whose every key is masked gets 0, as from the Triton kernels and torch's CPU SDPA;
         # torch's CUDA kernels have returned NaN there (pytorch/pytorch#103749, #110213).
@@ -172,11 +174,44 @@ def _empty_result(call: AttnCall, q):
     return out, torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
 
 
-def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True):
+def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, request=None):
     if call.problem.empty:
         return _empty_result(call, q)
-    choice = dispatch.choose_for_call(call, candidates=candidates, allow_fallback=allow_fallback)
+    choice = dispatch.choose_for_call(call, candidates=candidates, allow_fallback=allow_fallback,
+                                      request=request)
     return _run(call, choice, q, k, v)
+
+
+# A model calls sageattn with the same few signatures over and over (its layers, every decoding
+# step). For a call without keywords, the validated call and its dispatch request are kept per
+# signature, so a repeat skips both (about 10 us of Python per call on the CPU path); the backend
+# is still chosen per call (forcing, calibration switches and their variables apply as before).
+_plain_calls: dict[tuple, tuple[AttnCall, dispatch.Request]] = {}
+_PLAIN_CALLS_KEPT = 1024
+
+
+def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse) -> tuple | None:
+    """All that validation and request_for read from a keyword-free sageattn call, or None where
+    an argument is not of the plain kind (then every check runs, and raises where it should)."""
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and type(tensor_layout) is str and type(is_causal) is bool and type(return_lse) is bool
+            and (sm_scale is None or type(sm_scale) is float)):
+        return None
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
+            tensor_layout, is_causal, sm_scale, return_lse)
+
+
+def _plain_call(signature, parse) -> tuple[AttnCall, dispatch.Request]:
+    """The kept (call, request) of `signature`, or parse() validated now and kept."""
+    kept = _plain_calls.get(signature)
+    if kept is None:
+        call = parse()
+        kept = (call, dispatch.request_for(call))
+        if len(_plain_calls) >= _PLAIN_CALLS_KEPT:
+            _plain_calls.clear()
+        _plain_calls[signature] = kept
+    return kept
 
 
 # --- the six public functions ---------------------------------------------------------------
@@ -190,11 +225,18 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
     SDPA's (top-left). Returns the output in q's layout and dtype, or (output, lse) with lse
     `[B, Hq, Nq]` fp32 (natural log) when return_lse. See `explain()` for the backend it runs.
     """
-    def eager():
+    def parse():
         options = split_kwargs("sageattn", kwargs, SAGEATTN_KEYWORDS)
-        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
                           sm_scale=sm_scale, return_lse=return_lse, options=options)
-        return _attend(call, q, k, v)
+
+    def eager():
+        signature = None if kwargs else _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale,
+                                                         return_lse)
+        if signature is None:
+            return _attend(parse(), q, k, v)
+        call, request = _plain_call(signature, parse)
+        return _attend(call, q, k, v, request=request)
 
     if torch.compiler.is_compiling():  # one opaque custom op, so fullgraph=True traces it
         from . import traced

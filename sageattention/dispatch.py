@@ -564,8 +564,10 @@ def request_for(call: AttnCall) -> Request:
                    return_lse=call.return_lse, scale_magnitude=scale_magnitude(call.sm_scale))
 
 
-def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True) -> BackendChoice:
-    req = request_for(call)
+def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True,
+                    request: Request | None = None) -> BackendChoice:
+    """The backend for a validated call; `request`: request_for(call), where the caller kept it."""
+    req = request_for(call) if request is None else request
     inv = current_inventory(call.problem.device)
     forced = forced_backend()
     # Only the default path reads the table (and SAGEATTENTION_CALIBRATION); choose() enforces it too.
