@@ -823,7 +823,8 @@ struct WgmmaWsTraits {
 #ifdef SAGE_WG_PRODUCER_REGS
   static constexpr int kProducerRegs = SAGE_WG_PRODUCER_REGS;
 #else
-  static constexpr int kProducerRegs = V_BYTES == 1 ? 40 : 56;
+  // three consumers: 32 leaves them 160, without which ptxas serializes their wgmmas (C7512)
+  static constexpr int kProducerRegs = NWG == 3 ? 32 : V_BYTES == 1 ? 40 : 56;
 #endif
   static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
   // Three: the CTA's 192 rows run past the 128-row Q padding; the kernel asks for the copy engine,
