@@ -268,3 +268,16 @@ def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, 
     written = sorted(p.name for p in (repo / "benchmarks" / "results").iterdir())
     assert written == [expected.format(date=date)]
     assert f"--from-benchmark benchmarks/results/{written[0]}" in calls.read_text()
+
+
+def test_call_overhead_prints_every_path_against_torch(capsys):
+    overhead = _load("cpu_call_overhead")
+    assert overhead.main(["--calls", "3", "--rounds", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    timed = [line for line in lines if " us" in line and not line.startswith("#")]
+    assert [line.split("  ")[0] for line in timed] == [
+        "torch SDPA", "sageattn(q, k, v)", "sageattn(q, k, v, dropout_p=0.0)",
+        "sageattention.scaled_dot_product_attention"]
+    assert "over torch SDPA" not in timed[0] and all("over torch SDPA" in line for line in timed[1:])
+    with pytest.raises(SystemExit):
+        overhead.main(["--calls", "0"])
