@@ -182,24 +182,27 @@ def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, re
     return _run(call, choice, q, k, v)
 
 
-# A model calls sageattn with the same few signatures over and over (its layers, every decoding
-# step). For a call without keywords, the validated call and its dispatch request are kept per
-# signature, so a repeat skips both (about 10 us of Python per call on the CPU path); the backend
-# is still chosen per call (forcing, calibration switches and their variables apply as before).
+# A model calls attention with the same few signatures over and over (its layers, every decoding
+# step). For a sageattn or native-kernel function call without keywords, the validated call and
+# its dispatch request are kept per signature, so a repeat skips both (about 10 us of Python per
+# call on the CPU path); the backend is still chosen per call (forcing, calibration switches and
+# their variables apply as before).
 _plain_calls: dict[tuple, tuple[AttnCall, dispatch.Request]] = {}
 _PLAIN_CALLS_KEPT = 1024
 
 
-def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse) -> tuple | None:
-    """All that validation and request_for read from a keyword-free sageattn call, or None where
-    an argument is not of the plain kind (then every check runs, and raises where it should)."""
+def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, *options) -> tuple | None:
+    """All that validation and request_for read from a keyword-free call, or None where an
+    argument is not of the plain kind (then every check runs, and raises where it should).
+    options: the calling function's name and its own arguments (strings and bools)."""
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
             and type(tensor_layout) is str and type(is_causal) is bool and type(return_lse) is bool
-            and (sm_scale is None or type(sm_scale) is float)):
+            and (sm_scale is None or type(sm_scale) is float)
+            and all(type(o) is str or type(o) is bool for o in options)):
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
-            tensor_layout, is_causal, sm_scale, return_lse)
+            tensor_layout, is_causal, sm_scale, return_lse, *options)
 
 
 def _plain_call(signature, parse) -> tuple[AttnCall, dispatch.Request]:
@@ -275,15 +278,23 @@ def _traceable(name, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(Non
 def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_causal, qk_quant_gran,
                    sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, kwargs, *,
                    takes_smooth_v=True):
-    def eager():
+    def parse():
         check_choice("qk_quant_gran", qk_quant_gran, CUDA_QK_QUANT_GRANS)
         check_choice("pv_accum_dtype", pv_accum_dtype, accum_choices)
         options = split_kwargs(name, kwargs, _SDPA_KEYWORDS)
         options.update(qk_quant_gran=qk_quant_gran, pv_accum_dtype=pv_accum_dtype,
                        smooth_k=smooth_k, smooth_v=smooth_v)
-        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
                           sm_scale=sm_scale, return_lse=return_lse, options=options)
-        return _attend(call, q, k, v, candidates=candidates, allow_fallback=False)
+
+    def eager():
+        signature = None if kwargs else _plain_signature(
+            q, k, v, tensor_layout, is_causal, sm_scale, return_lse, name, qk_quant_gran, pv_accum_dtype,
+            smooth_k, smooth_v)
+        if signature is None:
+            return _attend(parse(), q, k, v, candidates=candidates, allow_fallback=False)
+        call, request = _plain_call(signature, parse)
+        return _attend(call, q, k, v, candidates=candidates, allow_fallback=False, request=request)
 
     params = dict(tensor_layout=tensor_layout, is_causal=is_causal, qk_quant_gran=qk_quant_gran,
                   sm_scale=sm_scale, pv_accum_dtype=pv_accum_dtype, smooth_k=smooth_k,

@@ -102,3 +102,23 @@ def test_the_sdpa_drop_in_keeps_its_plain_calls_too():
     with pytest.raises(TypeError, match="is_causal"):
         sa.scaled_dot_product_attention(q, k, v, is_causal="yes")
     assert len(core._plain_calls) == 1
+
+
+def test_the_native_kernel_functions_keep_their_plain_calls_per_function_and_options(monkeypatch):
+    parsed = []
+    real_parse = core.parse_call
+    monkeypatch.setattr(core, "parse_call", lambda *a, **kw: parsed.append(kw) or real_parse(*a, **kw))
+    q, k, v = _qkv()
+    for _ in range(2):  # on the CPU they run SDPA, as the input needs
+        sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v)
+        sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v)
+        sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp16")
+    assert len(parsed) == 3 and len(core._plain_calls) == 3
+    assert {kw["options"]["pv_accum_dtype"] for kw in parsed} == {"fp32", "fp32+fp16", "fp16"}
+    # an option the function refuses raises on every call, kept signatures or not
+    for _ in range(2):
+        with pytest.raises(ValueError, match="pv_accum_dtype"):
+            sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, pv_accum_dtype="fp32+fp16")
+        with pytest.raises(TypeError, match="smooth_k"):
+            sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, smooth_k="yes")
+    assert len(core._plain_calls) == 3
