@@ -101,6 +101,8 @@ def test_the_sdpa_drop_in_keeps_its_plain_calls_too():
         sa.scaled_dot_product_attention(q, k, v, dropout_p=None)
     with pytest.raises(TypeError, match="is_causal"):
         sa.scaled_dot_product_attention(q, k, v, is_causal="yes")
+    with pytest.raises(TypeError, match="enable_gqa"):
+        sa.scaled_dot_product_attention(q, k, v, enable_gqa="yes")
     assert len(core._plain_calls) == 1
 
 
