@@ -62,6 +62,13 @@ namespace sage {
 #ifndef SAGE_WG_RESCALE_SKIP
 #define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
 #endif
+#ifndef SAGE_WG_LAZY_RESCALE
+// 16-bit P.V: the row maximum the exponents are taken against moves only when a block's maximum
+// passes it by more than this many powers of two (0: whenever it passes it). P then reaches up to
+// 2^N, which fp16/bf16 P and the fp32 sums hold, and O / l comes out the same; most blocks then
+// keep every row's maximum, so SAGE_WG_RESCALE_SKIP skips their O rescale. Not for FP8 P (448).
+#define SAGE_WG_LAZY_RESCALE 0
+#endif
 #ifndef SAGE_WG_FUSED_UPDATE
 // WS kernel, plain loop: the O update joins the softmax's basic block, so ptxas can schedule its
 // 64 FMUL / FFMA (and the FP8 packing) between the MUFU.EX2s, which otherwise run back to back
@@ -433,7 +440,7 @@ struct KBlock {
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
 // MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
 // P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
-template <int BLOCK_N, bool MASK, bool P_X448>
+template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY = false>
 __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
@@ -475,7 +482,10 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[r], mx);
+    float m_new = fmaxf(m_run[r], mx);
+    if constexpr (LAZY) {  // the old maximum stays while P <= 2^SAGE_WG_LAZY_RESCALE (-inf: moves)
+      if (mx <= m_run[r] + static_cast<float>(SAGE_WG_LAZY_RESCALE)) m_new = m_run[r];
+    }
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
     alpha[r] = fast_exp2(m_run[r] - m_use);
     m_run[r] = m_new;
@@ -566,7 +576,7 @@ __device__ __forceinline__ void softmax_packed(const int32_t (&s)[BLOCK_N / 2], 
     softmax_probs_of<BLOCK_N, MASK, SAGE_WG_FP8_P_FOLD>(s, blk, m_run, l_run, alpha, sf);
     pack_p8_frags<BLOCK_N>(sf, pa);
   } else {
-    softmax_probs_of<BLOCK_N, MASK, false>(s, blk, m_run, l_run, alpha, sf);
+    softmax_probs_of<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, l_run, alpha, sf);
     pack_p16_frags<BLOCK_N, PV>(sf, pa);
   }
 }
@@ -578,7 +588,8 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
   with_mask_choice(blk, [&](auto mask) {
     float sf[BLOCK_N / 2];
-    softmax_probs_of<BLOCK_N, decltype(mask)::value, false>(s, blk, m_run, l_run, alpha, sf);
+    softmax_probs_of<BLOCK_N, decltype(mask)::value, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, l_run,
+                                                                                       alpha, sf);
     pack_p16_frags<BLOCK_N, PV>(sf, pn);
   });
 }
