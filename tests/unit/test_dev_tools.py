@@ -281,3 +281,15 @@ def test_call_overhead_prints_every_path_against_torch(capsys):
     assert "over torch SDPA" not in timed[0] and all("over torch SDPA" in line for line in timed[1:])
     with pytest.raises(SystemExit):
         overhead.main(["--calls", "0"])
+
+
+def test_lazy_rescale_emulation_keeps_the_output_and_bounds_p(capsys):
+    emulation = _load("lazy_rescale_emulation")
+    assert emulation.main(["--block", "512"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "cosine" in line]
+    assert [row.split("  ")[0].strip() for row in rows] == ["rule off", "threshold 0", "threshold 8"]
+    cosines = [float(row.split("cosine ")[1].split()[0]) for row in rows]
+    p_max = [float(row.split("max P")[1].split()[0]) for row in rows]
+    assert min(cosines) > 0.9999999 and p_max[0] == p_max[1] == 1.0 and 1.0 < p_max[2] <= 256.0
+    with pytest.raises(SystemExit):
+        emulation.main(["--block", "0"])
