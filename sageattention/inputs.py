@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -61,6 +63,18 @@ def check_bool(name: str, value) -> bool:
     return bool(value)
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _caller_stacklevel() -> int:
+    """The warnings.warn stacklevel (from the function calling this one) of the first frame
+    outside this package: the user's line that called sageattention."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def split_kwargs(func_name: str, kwargs: dict, known: dict) -> dict:
     """Return the known keywords (defaults filled in); warn once per unknown keyword name."""
     resolved = dict(known)
@@ -70,7 +84,8 @@ def split_kwargs(func_name: str, kwargs: dict, known: dict) -> dict:
         elif name not in _warned_kwargs:
             _warned_kwargs.add(name)
             warnings.warn(f"{func_name}() ignores the unknown keyword argument {name!r}; accepted extra "
-                          f"keywords are: {', '.join(sorted(known))}", UserWarning, stacklevel=3)
+                          f"keywords are: {', '.join(sorted(known))}", UserWarning,
+                          stacklevel=_caller_stacklevel())
     return resolved
 
 

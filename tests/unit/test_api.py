@@ -230,8 +230,12 @@ def test_kernel_functions_on_cpu_fall_back_with_a_logged_reason(caplog, monkeypa
 def test_unknown_keyword_warns_once_by_name(monkeypatch):
     monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
     q, k, v = qkv()
-    with pytest.warns(UserWarning, match="'tile_size'"):
+    with pytest.warns(UserWarning, match="'tile_size'") as record:
         sa.sageattn(q, k, v, tile_size=4)
+    assert record[0].filename == __file__  # the caller's line, not sageattention's
+    with pytest.warns(UserWarning, match="'block'") as record:
+        sa.sageattn_qk_int8_pv_fp16_cuda(q, k, v, block=4)
+    assert record[0].filename == __file__
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
