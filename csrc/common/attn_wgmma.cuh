@@ -405,7 +405,7 @@ struct ThreadScales {
   const float* ks_src;
   int ks_step;
   __device__ __forceinline__ ThreadScales(const AttnParams& p, int64_t bh, int64_t bhkv, int row0, int g, int t)
-      // rows at or past q_pad (a 192-row CTA's last warpgroup) have zero Q: any finite scale does
+      // rows at or past q_pad (a 192- or 256-row CTA's last warpgroups) have zero Q: any scale does
       : qs(p.q_scale[bh * p.q_groups + q_scale_index(p.gran, min(row0, p.q_pad - 16), g)]),
         ks_src(p.k_scale + bhkv * p.k_groups + (p.gran == QuantGran::kPerThread ? t : 0)),
         ks_step(p.gran == QuantGran::kPerThread ? 4 : 1) {}
@@ -834,13 +834,14 @@ struct WgmmaWsTraits {
 #ifdef SAGE_WG_PRODUCER_REGS
   static constexpr int kProducerRegs = SAGE_WG_PRODUCER_REGS;
 #else
-  // three consumers: 32 leaves them 160, without which ptxas serializes their wgmmas (C7512)
-  static constexpr int kProducerRegs = NWG == 3 ? 32 : V_BYTES == 1 ? 40 : 56;
+  // three consumers: 32 leaves them 160 (at 152 ptxas serialized their wgmmas, C7512); four: 112
+  static constexpr int kProducerRegs = NWG == 4 ? 24 : NWG == 3 ? 32 : V_BYTES == 1 ? 40 : 56;
 #endif
   static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
-  // Three: the CTA's 192 rows run past the 128-row Q padding; the kernel asks for the copy engine,
-  // which fills rows past q_pad with zeros, and ThreadScales clamps their scale index.
-  static_assert(NWG >= 1 && NWG <= 3, "one to three consumer warpgroups");
+  // Three or four: the CTA's 192 / 256 rows run past the 128-row Q padding; the kernel asks for
+  // the copy engine, which fills rows past q_pad with zeros, and ThreadScales clamps their scale
+  // index.
+  static_assert(NWG >= 1 && NWG <= 4, "one to four consumer warpgroups");
   static_assert(STAGES >= 2, "at least double buffering");
   static_assert(NWG * kConsumerRegs + kProducerRegs <= (NWG + 1) * kEntryRegs && kProducerRegs % 8 == 0 &&
                 kProducerRegs >= 24 && kConsumerRegs <= 256, "register split");
@@ -866,7 +867,7 @@ inline constexpr bool kWsTma = SAGE_WG_TMA != 0;
 #if SAGE_WG_TRACE >= 0
 namespace wg_trace {
 constexpr int kFirst = 8, kBlocks = 16, kTiles = 2;  // K blocks 8..23 of the first tile; two tiles
-constexpr int kWgs = 3;  // consumer warpgroups a CTA can have
+constexpr int kWgs = 4;  // consumer warpgroups a CTA can have
 // One per module (static: each .cu has its own, read by its own print_kernel).
 struct Buffer {
   int written[kWgs];  // per consumer warpgroup: the traced CTA ran
@@ -910,7 +911,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
-  static_assert(NWG <= 2 || kTma, "three consumer warpgroups read Q rows past q_pad: the copy engine's zeros");
+  static_assert(NWG <= 2 || kTma, "three or four consumer warpgroups read Q rows past q_pad: the copy engine's zeros");
   static_assert(!PERSISTENT || !SAGE_WG_WS_OVERLAP, "the persistent kernel runs the plain loop");
   static_assert(!SAGE_WG_EARLY_PRESET || SAGE_WG_FUSED_UPDATE, "SAGE_WG_EARLY_PRESET needs SAGE_WG_FUSED_UPDATE");
   static_assert(!SAGE_WG_QK_AHEAD || (SAGE_WG_FUSED_UPDATE && !PINGPONG && !SAGE_WG_WS_OVERLAP &&

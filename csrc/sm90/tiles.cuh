@@ -22,7 +22,8 @@ namespace sage::sm90 {
 
 template <int HEAD_DIM>
 struct Tile;
-// Tuning overrides of the tile per head dim (e.g. -DSAGE_SM90_NWG_64=3 -DSAGE_SM90_BLOCK_N_128=64).
+// Tuning overrides of the tile per head dim (e.g. -DSAGE_SM90_NWG_64=3 -DSAGE_SM90_BLOCK_N_128=64):
+// consumer warpgroups 1 to 4 (three or four need the copy engine, SAGE_WG_TMA), 64- or 128-key blocks.
 #ifndef SAGE_SM90_NWG_64
 #define SAGE_SM90_NWG_64 2
 #endif
