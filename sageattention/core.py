@@ -183,26 +183,49 @@ def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, re
 
 
 # A model calls attention with the same few signatures over and over (its layers, every decoding
-# step). For a sageattn or native-kernel function call without keywords, the validated call and
-# its dispatch request are kept per signature, so a repeat skips both (about 10 us of Python per
-# call on the CPU path); the backend is still chosen per call (forcing, calibration switches and
-# their variables apply as before).
+# step). For a sageattn or native-kernel function call without a mask (or other non-plain
+# argument), the validated call and its dispatch request are kept per signature, so a repeat skips
+# both (about 10 us of Python per call on the CPU path); the backend is still chosen per call
+# (forcing, calibration switches and their variables apply as before).
 _plain_calls: dict[tuple, tuple[AttnCall, dispatch.Request]] = {}
 _PLAIN_CALLS_KEPT = 1024
 
 
-def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, *options) -> tuple | None:
-    """All that validation and request_for read from a keyword-free call, or None where an
-    argument is not of the plain kind (then every check runs, and raises where it should).
-    options: the calling function's name and its own arguments (strings and bools)."""
-    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and type(tensor_layout) is str and type(is_causal) is bool and type(return_lse) is bool
-            and (sm_scale is None or type(sm_scale) is float)
+# The extra keywords a kept signature may hold, with the value types it takes for each (a mask is a
+# tensor, so only its absence).
+_PLAIN_KEYWORD_TYPES = {"attn_mask": (type(None),), "dropout_p": (float, int), "scale": (float, type(None)),
+                        "enable_gqa": (bool, type(None)), "qk_quant_gran": (str, type(None)),
+                        "pv_accum_dtype": (str, type(None)), "smooth_k": (bool,), "smooth_v": (bool,)}
+
+
+def _plain_keywords(kwargs: dict, known) -> tuple | None:
+    """A call's extra keywords as part of its signature, or None where one is not of the plain
+    kind: a name the function does not know (its warning comes from the full path), a mask, or a
+    value of another type."""
+    items = []
+    for name, value in kwargs.items():
+        kinds = _PLAIN_KEYWORD_TYPES.get(name)
+        if kinds is None or name not in known or type(value) not in kinds:
+            return None
+        items.append((name, value))
+    return tuple(sorted(items))
+
+
+def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, *options,
+                     kwargs: dict | None = None, known=SAGEATTN_KEYWORDS) -> tuple | None:
+    """All that validation and request_for read from a call, or None where an argument is not of
+    the plain kind (then every check runs, and raises where it should). options: the calling
+    function's name and its own arguments (strings and bools); kwargs: its extra keywords, of
+    `known`."""
+    keywords = _plain_keywords(kwargs, known) if kwargs else ()
+    if not (keywords is not None and type(q) is torch.Tensor and type(k) is torch.Tensor
+            and type(v) is torch.Tensor and type(tensor_layout) is str and type(is_causal) is bool
+            and type(return_lse) is bool and (sm_scale is None or type(sm_scale) is float)
             and all(type(o) is str or type(o) is bool for o in options)):
         return None
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, grad,
-            tensor_layout, is_causal, sm_scale, return_lse, *options)
+            tensor_layout, is_causal, sm_scale, return_lse, *options, keywords)
 
 
 def _plain_call(signature, parse) -> tuple[AttnCall, dispatch.Request]:
@@ -234,8 +257,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
                           sm_scale=sm_scale, return_lse=return_lse, options=options)
 
     def eager():
-        signature = None if kwargs else _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale,
-                                                         return_lse)
+        signature = _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs=kwargs)
         if signature is None:
             return _attend(parse(), q, k, v)
         call, request = _plain_call(signature, parse)
@@ -288,9 +310,8 @@ def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_c
                           sm_scale=sm_scale, return_lse=return_lse, options=options)
 
     def eager():
-        signature = None if kwargs else _plain_signature(
-            q, k, v, tensor_layout, is_causal, sm_scale, return_lse, name, qk_quant_gran, pv_accum_dtype,
-            smooth_k, smooth_v)
+        signature = _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, name, qk_quant_gran,
+                                     pv_accum_dtype, smooth_k, smooth_v, kwargs=kwargs, known=_SDPA_KEYWORDS)
         if signature is None:
             return _attend(parse(), q, k, v, candidates=candidates, allow_fallback=False)
         call, request = _plain_call(signature, parse)

@@ -67,14 +67,42 @@ def test_forcing_still_applies_to_a_kept_signature():
     assert sa.last_backend() == "sdpa"
 
 
-def test_keywords_and_other_argument_kinds_take_the_full_path():
+def test_plain_keywords_are_part_of_the_signature(monkeypatch):
+    parsed = []
+    real_parse = core.parse_call
+    monkeypatch.setattr(core, "parse_call", lambda *a, **kw: parsed.append(kw) or real_parse(*a, **kw))
+    q, k, v = _qkv()
+    for _ in range(3):  # as a UI's attention wrapper calls it, every layer and step
+        out = sa.sageattn(q, k, v, attn_mask=None, is_causal=False, tensor_layout="HND")
+        sa.sageattn(q, k, v, tensor_layout="HND", attn_mask=None, is_causal=False)  # keyword order
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    assert len(parsed) == 1
+    sa.sageattn(q, k, v, smooth_k=False)
+    sa.sageattn(q, k, v, scale=0.25)
+    torch.testing.assert_close(sa.sageattn(q, k, v, scale=0.25), F.scaled_dot_product_attention(q, k, v, scale=0.25))
+    sa.sageattn(q, k, v, dropout_p=0.0, enable_gqa=True)
+    assert len(parsed) == 4 and len(core._plain_calls) == 4
+    # a wrong keyword value raises on every call, as a kept one never does
+    for _ in range(2):
+        with pytest.raises(ValueError, match="dropout_p"):
+            sa.sageattn(q, k, v, dropout_p=2.0)
+        with pytest.raises(ValueError, match="pv_accum_dtype"):
+            sa.sageattn(q, k, v, pv_accum_dtype="fp64")
+    assert len(core._plain_calls) == 4
+
+
+def test_keywords_and_other_argument_kinds_take_the_full_path(monkeypatch):
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())  # the unknown keyword below warns here
     q, k, v = _qkv()
     mask = torch.ones(5, 7, dtype=torch.bool).tril()
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(sa.sageattn(q, k, v, attn_mask=mask), expected)
     sa.sageattn(q, k, v, sm_scale=1)      # an int scale
     sa.sageattn(q, k, v, is_causal=1)     # an int flag, which check_bool accepts
+    sa.sageattn(q, k, v, smooth_k=1)      # an int keyword flag
     sa.sageattn(torch.nn.Parameter(q), k, v)
+    with pytest.warns(UserWarning, match="'block_size'"):
+        sa.sageattn(q, k, v, block_size=64)  # an unknown keyword: the full path, which warns
     assert not core._plain_calls
     # a mask is never served from a signature kept without one
     sa.sageattn(q, k, v)
