@@ -4,8 +4,8 @@
 
 Times, in one process and on the same small CPU tensors (one decoding step: a 1x8x1x64 query
 against 16 keys, where the attention itself is a few microseconds), torch's SDPA, `sageattn`
-without keywords (its repeated-signature path), `sageattn` with a keyword (every check each
-call) and `sageattention.scaled_dot_product_attention`. Each figure is the median over rounds of
+without and with an extra keyword (both kept per signature since 1924e49; before it, a keyword
+meant every check on every call) and `sageattention.scaled_dot_product_attention`. Each figure is the median over rounds of
 the mean per call over `--calls` calls. On the CPU every call runs SDPA, so what exceeds torch's
 figure is sageattention's own Python: validation, dispatch and the fallback's bookkeeping.
 """
