@@ -185,7 +185,7 @@ def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, re
 # A model calls attention with the same few signatures over and over (its layers, every decoding
 # step). For a sageattn or native-kernel function call without a mask (or other non-plain
 # argument), the validated call and its dispatch request are kept per signature, so a repeat skips
-# both (about 10 us of Python per call on the CPU path); the backend is still chosen per call
+# both (about 15 us of Python per call on the CPU path); the backend is still chosen per call
 # (forcing, calibration switches and their variables apply as before).
 _plain_calls: dict[tuple, tuple[AttnCall, dispatch.Request]] = {}
 _PLAIN_CALLS_KEPT = 1024
