@@ -228,8 +228,11 @@ def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, *o
             tensor_layout, is_causal, sm_scale, return_lse, *options, keywords)
 
 
-def _plain_call(signature, parse) -> tuple[AttnCall, dispatch.Request]:
-    """The kept (call, request) of `signature`, or parse() validated now and kept."""
+def _plain_call(signature, parse) -> tuple[AttnCall, dispatch.Request | None]:
+    """The kept (call, request) of `signature`, or parse() validated now and kept; with no
+    signature (not a plain call), parse() and no request, every time."""
+    if signature is None:
+        return parse(), None
     kept = _plain_calls.get(signature)
     if kept is None:
         call = parse()
@@ -258,8 +261,6 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
 
     def eager():
         signature = _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs=kwargs)
-        if signature is None:
-            return _attend(parse(), q, k, v)
         call, request = _plain_call(signature, parse)
         return _attend(call, q, k, v, request=request)
 
@@ -312,8 +313,6 @@ def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_c
     def eager():
         signature = _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, name, qk_quant_gran,
                                      pv_accum_dtype, smooth_k, smooth_v, kwargs=kwargs, known=_SDPA_KEYWORDS)
-        if signature is None:
-            return _attend(parse(), q, k, v, candidates=candidates, allow_fallback=False)
         call, request = _plain_call(signature, parse)
         return _attend(call, q, k, v, candidates=candidates, allow_fallback=False, request=request)
 
