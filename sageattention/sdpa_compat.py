@@ -43,10 +43,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         record_backend("sdpa")
         return out
-    if attn_mask is None and type(dropout_p) in (float, int) and dropout_p == 0 and type(enable_gqa) is bool:
-        # the common call, as sageattn's keyword-free form (whose validated signature it keeps);
-        # enable_gqa has done its part above, and sageattn takes GQA as it is
-        return core.sageattn(query, key, value, "HND", is_causal, scale)
     return core.sageattn(query, key, value, tensor_layout="HND", is_causal=is_causal, attn_mask=attn_mask,
                          dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
 
