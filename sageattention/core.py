@@ -219,7 +219,9 @@ def _plain_signature(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, *o
     `known`."""
     keywords = _plain_keywords(kwargs, known) if kwargs else ()
     if not (keywords is not None and type(q) is torch.Tensor and type(k) is torch.Tensor
-            and type(v) is torch.Tensor and type(tensor_layout) is str and type(is_causal) is bool
+            and type(v) is torch.Tensor and q.layout is k.layout is v.layout is torch.strided
+            and not (q.is_nested or k.is_nested or v.is_nested)
+            and type(tensor_layout) is str and type(is_causal) is bool
             and type(return_lse) is bool and (sm_scale is None or type(sm_scale) is float)
             and all(type(o) is str or type(o) is bool for o in options)):
         return None

@@ -103,6 +103,14 @@ def _check_one_device_and_dtype(q, k, v) -> None:
 def _check_tensor(name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # Checked before any shape is read: a nested tensor has no sizes, and sparse or mkldnn ones
+    # fail deep inside the kernels and SDPA with messages that do not name the argument.
+    if t.is_nested:
+        raise TypeError(f"{name} is a nested tensor, which is not accepted; pass dense (strided) "
+                        "tensors, or pack variable-length sequences for sageattn_varlen "
+                        "(tokens concatenated, with cu_seqlens)")
+    if t.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (torch.strided) tensor, got layout {t.layout}")
     return t
 
 

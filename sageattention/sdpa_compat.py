@@ -20,9 +20,11 @@ __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 
 def _torch_handles_it(query, key, value, enable_gqa) -> bool:
     """Calls outside sageattn's model go to torch unchanged, so they behave (and fail) exactly as SDPA:
-    batch shapes other than 4-D, a value head dim unlike the query's, GQA without enable_gqa."""
+    batch shapes other than 4-D, nested (torch's SDPA takes jagged ones) or sparse tensors, a value
+    head dim unlike the query's, GQA without enable_gqa."""
     tensors = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.layout is torch.strided
+               and t.dim() == 4 for t in tensors):
         return True
     if value.shape[-1] != query.shape[-1]:
         return True

@@ -43,10 +43,16 @@ def shapes_case(name):
         return tuple(t.to(torch.float8_e4m3fn) for t in (q, k, v)), TypeError, "floating point"
     if name == "not_tensor":
         return (q.tolist(), k, v), TypeError, "torch.Tensor"
+    if name == "sparse":
+        return (q, k.to_sparse(), v), TypeError, r"k must be a dense \(torch.strided\) tensor, got layout torch.sparse_coo"
+    if name == "nested":
+        nested = torch.nested.nested_tensor(list(q.float().unbind(1)), layout=torch.jagged)
+        return (nested, nested, nested), TypeError, "q is a nested tensor.*sageattn_varlen"
     raise KeyError(name)
 
 
-SHAPE_CASES = ["rank", "batch", "head_dim", "kv_len", "heads", "devices", "dtypes", "int", "float8", "not_tensor"]
+SHAPE_CASES = ["rank", "batch", "head_dim", "kv_len", "heads", "devices", "dtypes", "int", "float8", "not_tensor",
+               "sparse", "nested"]
 
 
 @pytest.mark.parametrize("case", SHAPE_CASES)
@@ -103,6 +109,7 @@ def test_bad_options_for_kernel_functions(func, kwargs, match):
     (torch.ones(16, 16, dtype=torch.int64), {}, TypeError, "torch.bool"),
     (torch.ones(16, 16, dtype=torch.float64), {}, TypeError, "additive"),
     ([[True]], {}, TypeError, "torch.Tensor"),
+    (torch.ones(16, 16, dtype=torch.bool).to_sparse(), {}, TypeError, "attn_mask must be a dense"),
     (torch.ones(16, 16, dtype=torch.bool, device="meta"), {}, ValueError, "attn_mask is on meta"),
 ])
 def test_bad_masks(mask, kwargs, error, match):

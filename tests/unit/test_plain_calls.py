@@ -47,6 +47,15 @@ def test_bad_input_raises_on_every_call_and_is_not_kept():
     assert not core._plain_calls
 
 
+def test_a_sparse_tensor_of_a_kept_shape_is_still_refused():
+    q, k, v = _qkv()
+    sa.sageattn(q, k, v)
+    for _ in range(2):
+        with pytest.raises(TypeError, match="v must be a dense"):
+            sa.sageattn(q, k, v.to_sparse())
+    assert len(core._plain_calls) == 1
+
+
 def test_grad_mode_is_part_of_the_signature():
     q, k, v = _qkv(requires_grad=True)
     assert sa.sageattn(q, k, v).requires_grad

@@ -73,6 +73,21 @@ def test_shapes_outside_the_api_go_to_torch_unchanged():
     assert sa.last_backend() == "sdpa"
 
 
+def test_nested_and_sparse_tensors_go_to_torch_unchanged():
+    # torch's SDPA takes jagged nested tensors ([batch, heads, ragged tokens, head_dim])
+    rows = [torch.randn(n, 2, 16) for n in (5, 9)]
+    jagged = torch.nested.nested_tensor(rows, layout=torch.jagged).transpose(1, 2)
+    out = sa.scaled_dot_product_attention(jagged, jagged, jagged)
+    assert out.is_nested and sa.last_backend() == "sdpa"
+    for got, want in zip(out.unbind(), TORCH_SDPA(jagged, jagged, jagged).unbind()):
+        assert torch.equal(got, want)
+    sparse = torch.randn(1, 2, 8, 16).to_sparse()   # fails in torch, so fails the same way here
+    with pytest.raises(RuntimeError) as torch_error:
+        TORCH_SDPA(sparse, sparse, sparse)
+    with pytest.raises(RuntimeError, match=str(torch_error.value).splitlines()[0]):
+        sa.scaled_dot_product_attention(sparse, sparse, sparse)
+
+
 @pytest.mark.parametrize("scale", [0.0, -0.3])
 def test_zero_and_negative_scales_give_attention_where_torch_gave_nan(scale):
     q3, k3 = torch.randn(3, 10, 16, dtype=torch.float64), torch.randn(3, 12, 16, dtype=torch.float64)
