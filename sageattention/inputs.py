@@ -57,10 +57,18 @@ def check_choice(name: str, value, accepted) -> str:
     return value
 
 
+def _type_name(value) -> str:
+    """A value's type as a user would look it up: `numpy.bool`, not `bool`, for numpy's."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 def check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, int)) or isinstance(value, float):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
+    """Python and numpy bools and integers, never floats, strings or tensors."""
+    kind = type(value)
+    if isinstance(value, numbers.Integral) or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {_type_name(value)}")
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -102,7 +110,7 @@ def _check_one_device_and_dtype(q, k, v) -> None:
 
 def _check_tensor(name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
     # Checked before any shape is read: a nested tensor has no sizes, and sparse or mkldnn ones
     # fail deep inside the kernels and SDPA with messages that do not name the argument.
     if t.is_nested:
@@ -180,7 +188,7 @@ def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
     """sm_scale and SDPA's `scale` are aliases; both given and different is an error."""
     for name, value in (("sm_scale", sm_scale), ("scale", scale)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-            raise TypeError(f"{name} must be a real number or None, got {type(value).__name__}")
+            raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
         if value is not None and not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value}")
     if sm_scale is not None and scale is not None and float(sm_scale) != float(scale):
@@ -191,7 +199,7 @@ def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
 
 def check_dropout(dropout_p) -> float:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
-        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+        raise TypeError(f"dropout_p must be a float, got {_type_name(dropout_p)}")
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p must be in [0, 1], got {dropout_p}")
     return float(dropout_p)
@@ -249,7 +257,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
                          f"{len(q_off) - 1} vs {len(k_off) - 1}")
     for name, limit, off in (("max_seqlen_q", max_seqlen_q, q_off), ("max_seqlen_k", max_seqlen_k, k_off)):
         if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(limit).__name__}")
+            raise TypeError(f"{name} must be an int, got {_type_name(limit)}")
         longest = max((b - a for a, b in zip(off, off[1:])), default=0)
         if limit < longest:
             raise ValueError(f"{name}={limit} is smaller than the longest sequence ({longest})")

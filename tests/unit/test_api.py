@@ -435,3 +435,11 @@ def test_sdpa_fallback_gives_zero_for_queries_with_every_key_masked(kind, monkey
                                          attn_mask=keep, enable_gqa=True).transpose(1, 2)
     rows = keep.any(-1)[:, 0]   # [batch, query]
     torch.testing.assert_close(out[rows].float(), ref[rows], atol=2e-3, rtol=2e-3)
+
+
+def test_numpy_bools_are_bools():
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(1, 2, n, 16) for n in (5, 7, 7))
+    out, lse = sa.sageattn(q, k, v, is_causal=np.bool_(True), return_lse=np.bool_(True), enable_gqa=np.bool_(False))
+    want, want_lse = sa.sageattn(q, k, v, is_causal=True, return_lse=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)

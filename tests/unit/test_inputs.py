@@ -1,5 +1,7 @@
 """Bad input raises ValueError/TypeError naming the problem, before any backend is chosen."""
 
+import fractions
+
 import pytest
 import torch
 
@@ -79,7 +81,10 @@ def test_nhd_shapes_are_read_in_nhd():
     ({"sm_scale": "0.1"}, TypeError, "sm_scale must be a real number"),
     ({"scale": float("nan")}, ValueError, "finite"),
     ({"dropout_p": 1.5}, ValueError, "dropout_p must be in"),
-    ({"is_causal": "yes"}, TypeError, "is_causal must be a bool"),
+    ({"is_causal": "yes"}, TypeError, "is_causal must be a bool, got str"),
+    ({"is_causal": 1.0}, TypeError, "is_causal must be a bool, got float"),
+    ({"return_lse": torch.tensor(True)}, TypeError, "return_lse must be a bool, got torch.Tensor"),
+    ({"is_causal": fractions.Fraction(1)}, TypeError, "is_causal must be a bool, got fractions.Fraction"),
     ({"enable_gqa": False, "_gqa": True}, ValueError, "enable_gqa=False"),
 ])
 def test_bad_options_for_sageattn(kwargs, error, match):
