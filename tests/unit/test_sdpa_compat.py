@@ -73,6 +73,7 @@ def test_shapes_outside_the_api_go_to_torch_unchanged():
     assert sa.last_backend() == "sdpa"
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")   # torch's own, on CPU
 def test_nested_and_sparse_tensors_go_to_torch_unchanged():
     # torch's SDPA takes jagged nested tensors ([batch, heads, ragged tokens, head_dim])
     rows = [torch.randn(n, 2, 16) for n in (5, 9)]
