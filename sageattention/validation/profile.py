@@ -25,6 +25,9 @@ class Profile:
     compile_backend: str = "inductor"
     lse_tolerance: float = 0.05  # max |lse - lse_ref| (natural log)
     perf_quick: bool = False
+    # interleaved timing rounds per case, median kept: with one, the first timing of a shape
+    # ran up to 17% slow (H100, 2026-12-05: 0.84x for a kernel whose forced timing was 0.98x)
+    perf_rounds: int = 3
 
 
 FULL = Profile()

@@ -138,7 +138,7 @@ def performance_section(ctx: Context) -> dict:
             others = list(ctx.native_names) + [b for b in TRITON_BACKENDS if b not in ctx.native_names]
         timer = benchmark.cuda_timer(10 if quick else 25, 40 if quick else 100)
         perf = benchmark.run(cases, api=ctx.api, device=ctx.device, timer=timer,
-                             primary=primary, others=others)
+                             primary=primary, others=others, rounds=ctx.profile.perf_rounds)
         perf["quick"] = quick
         return perf
     except Exception as exc:  # noqa: BLE001 - the checks' results must survive a benchmark crash

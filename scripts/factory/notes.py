@@ -242,9 +242,12 @@ def _performance_section(report, perf, ptx, gpu, add) -> None:
         return
     geo = perf.get("geomean_speedup_vs_sdpa")
     speeds = [c["speedup_vs_sdpa"] for c in cases if c.get("speedup_vs_sdpa") is not None]
+    rounds = perf.get("rounds") or 1
     add(f"Measured on the {gpu}, end to end (quantization included), against PyTorch SDPA's "
         f"default backend on the same inputs in the same process; median of "
-        f"`triton.testing.do_bench`; TOPS = 4·b·h·n²·d / time (halved for causal).")
+        f"`triton.testing.do_bench`"
+        + (f", then the median of {rounds} interleaved rounds" if rounds > 1 else "")
+        + "; TOPS = 4·b·h·n²·d / time (halved for causal).")
     add("")
     if speeds:
         add(f"- {min(speeds):.2f}x to {max(speeds):.2f}x speed-up over SDPA across "

@@ -168,6 +168,15 @@ def test_performance_figures_come_from_the_report():
     assert len(rows) == 20
 
 
+def test_the_number_of_timing_rounds_is_stated_when_there_were_several():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    doc["performance"]["rounds"] = 1
+    assert "interleaved rounds" not in notes.render(doc, f"{STEM90}.report.json")
+    doc["performance"]["rounds"] = 3
+    assert ("median of `triton.testing.do_bench`, then the median of 3 interleaved rounds; TOPS"
+            in notes.render(doc, f"{STEM90}.report.json"))
+
+
 def test_cases_where_sageattn_ran_sdpa_are_said_so():
     doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
     assert "ran PyTorch SDPA itself" not in note_for(STEM90)  # the fixture's cases ran kernels

@@ -11,13 +11,15 @@ import json
 import math
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sageattention import backends, benchmark
-from sageattention.validation import CHECK_NAMES, CHECKS, run_suite
+from sageattention.validation import CHECK_NAMES, CHECKS, run_suite, suite
+from sageattention.validation import profile as profile_module
 from sageattention.validation import __main__ as cli
 from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, bar_for, errors
 from sageattention.validation.api import Api
@@ -746,3 +748,15 @@ def test_suite_result_becomes_a_valid_report_and_note(tmp_path):
     assert "- Two-GPU alternating-device testing: SKIP: needs a CUDA device" in text
     assert "geometric-mean speed-up: 2.00x" in text
     assert (tmp_path / (wheel.stem + ".speedup.svg")).exists()
+
+
+@pytest.mark.parametrize("profile", [profile_module.FULL, profile_module.QUICK])
+def test_the_performance_section_times_the_profiles_rounds(monkeypatch, profile):
+    seen = {}
+    monkeypatch.setattr(benchmark, "run", lambda cases, **kw: seen.update(kw, cases=cases) or {"cases": []})
+    ctx = SimpleNamespace(device=torch.device("cuda"), profile=profile, api=None,
+                          expectation=SimpleNamespace(execution="native"), native_names=["cuda-sm90-fp16"])
+    assert suite.performance_section(ctx)["quick"] is profile.perf_quick
+    assert seen["rounds"] == profile.perf_rounds == 3
+    assert seen["primary"] is None and "cuda-sm90-fp16" in seen["others"]
+    assert {c.dtype for c in seen["cases"]} == ({"fp16"} if profile.perf_quick else {"fp16", "bf16"})
