@@ -17,7 +17,8 @@
 #define SAGE_WG_PERSISTENT 2
 #endif
 #ifndef SAGE_WG_LAZY_RESCALE
-// P up to 2^8 in fp16/bf16: most blocks skip O's rescale (H100, 2026-12-05: 1.00-1.05x per case)
+// P up to 2^8 in fp16/bf16: most blocks skip O's rescale (H100, 2026-12-05: 0.98-1.05x per case, 1.013x
+// geomean; docs/kernels.md, "three consumer warpgroups at d=64")
 #define SAGE_WG_LAZY_RESCALE 8
 #endif
 #include "../common/attn_wgmma.cuh"
