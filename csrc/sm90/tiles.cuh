@@ -30,7 +30,9 @@ struct Tile;
 // Tuning overrides of the tile per head dim (e.g. -DSAGE_SM90_NWG_64=3 -DSAGE_SM90_BLOCK_N_128=64):
 // consumer warpgroups 1 to 4 (three or four need the copy engine, SAGE_WG_TMA), 64- or 128-key blocks.
 #ifndef SAGE_SM90_NWG_64
-#define SAGE_SM90_NWG_64 3  // three at d=64, where the softmax is the limit (H100: 0.99-1.22x per case)
+// three at d=64, where the softmax is the limit (H100: 0.99-1.22x per case); they need the copy
+// engine, so a tuning build without it (-DSAGE_WG_TMA=0) gets two
+#define SAGE_SM90_NWG_64 (SAGE_WG_TMA ? 3 : 2)
 #endif
 #ifndef SAGE_SM90_BLOCK_N_64
 #define SAGE_SM90_BLOCK_N_64 128
