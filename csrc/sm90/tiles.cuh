@@ -30,9 +30,11 @@ struct Tile;
 // Tuning overrides of the tile per head dim (e.g. -DSAGE_SM90_NWG_64=3 -DSAGE_SM90_BLOCK_N_128=64):
 // consumer warpgroups 1 to 4 (three or four need the copy engine, SAGE_WG_TMA), 64- or 128-key blocks.
 #ifndef SAGE_SM90_NWG_64
-// three at d=64, where the softmax is the limit (H100: 0.99-1.22x per case); they need the copy
-// engine, so a tuning build without it (-DSAGE_WG_TMA=0) gets two
-#define SAGE_SM90_NWG_64 (SAGE_WG_TMA ? 3 : 2)
+#if SAGE_WG_TMA
+#define SAGE_SM90_NWG_64 3  // three at d=64, where the softmax is the limit (H100: 0.99-1.22x per case)
+#else
+#define SAGE_SM90_NWG_64 2  // three need the copy engine: a -DSAGE_WG_TMA=0 tuning build gets two
+#endif
 #endif
 #ifndef SAGE_SM90_BLOCK_N_64
 #define SAGE_SM90_BLOCK_N_64 128
