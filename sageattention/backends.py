@@ -171,8 +171,9 @@ def backend(name: str) -> Backend:
 # Fewest queries and keys per sequence for which plain `sageattn` runs a quantized backend when no
 # calibration measurement decides (a GPU without a table, a mask, calibration off; not with
 # return_lse, whose SDPA path is costlier); below it the call runs SDPA. Such a call fills under
-# half of one kernel tile (64-128 queries, 64-128 keys) and is bound by memory, where the quantized path reads Q, K and V more than once (quantizing Q
-# and K, K's mean) to save tensor work that is not the limit. Measured on an H100 at d=64/128
+# half of one kernel tile (64-128 queries, 64-128 keys) and is bound by memory, where the
+# quantized path reads Q, K and V more than once (quantizing Q and K, K's mean) to save tensor
+# work that is not the limit. Measured on an H100 at d=64/128
 # (benchmarks/results/h100-2026-12-05-calibration-7b16d71.json): on a decoding step 8x32x1/8192
 # no quantized backend reached half of SDPA's speed (at most 0.48x; the sm80 family, the mma.sync
 # kernel an A100 runs, 0.39-0.45x).
