@@ -42,6 +42,14 @@
 #ifndef SAGE_EXP2_FMA
 #define SAGE_EXP2_FMA 0
 #endif
+// fp16 P (PvKind::kFp16) as ex2.approx.f16x2 of the fp16-rounded exponents, two per MUFU
+// instruction, its row sum in fp16 (ptx.cuh: exp2_f16x2, sum_f16x2) (tuning knob, 0: off).
+#ifndef SAGE_EXP2_F16X2
+#define SAGE_EXP2_F16X2 0
+#endif
+#if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
+#error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
+#endif
 
 namespace sage {
 
@@ -190,6 +198,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kInnerF16 = ACC == PvAccum::kF16F32 || ACC == PvAccum::kF32F16;
   constexpr bool kInnerF32 = ACC == PvAccum::kF32F32;
   constexpr bool kAllF16 = ACC == PvAccum::kF16;
+  constexpr bool kExp2F16x2 = SAGE_EXP2_F16X2 && PV == PvKind::kFp16;  // P from exp2_f16x2
   static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
                 "bf16 P.V has fp32 accumulators only (the fp16-accumulating mma takes fp16 operands)");
 
@@ -464,14 +473,25 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         #pragma unroll
         for (int sub = 0; sub < KSUB; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, dqs[mt][sub], m_use);
         float rowsum = 0.f;
-        #pragma unroll
-        for (int j = 0; j < kNT; ++j)
+        if constexpr (kExp2F16x2) {  // s[mt][j][2r] takes the word of P's two columns
+          uint32_t words[kNT];
           #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
-            s[mt][j][2 * r + e] = pv;
-            rowsum += pv;
+          for (int j = 0; j < kNT; ++j) {
+            words[j] = exp2_f16x2(fmaf(s[mt][j][2 * r], dqs[mt][j / 8], neg_c[j / 8]),
+                                  fmaf(s[mt][j][2 * r + 1], dqs[mt][j / 8], neg_c[j / 8]));
+            s[mt][j][2 * r] = __uint_as_float(words[j]);
           }
+          rowsum = sum_f16x2<kNT>(words);
+        } else {
+          #pragma unroll
+          for (int j = 0; j < kNT; ++j)
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pv = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
+              s[mt][j][2 * r + e] = pv;
+              rowsum += pv;
+            }
+        }
         l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
         // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
         if (SAGE_SKIP_RESCALE && __all_sync(0xffffffffu, alpha == 1.f)) continue;
@@ -506,6 +526,13 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         uint32_t pa[MT][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kExp2F16x2) {
+            pa[mt][0] = __float_as_uint(s[mt][2 * kc][0]);
+            pa[mt][1] = __float_as_uint(s[mt][2 * kc][2]);
+            pa[mt][2] = __float_as_uint(s[mt][2 * kc + 1][0]);
+            pa[mt][3] = __float_as_uint(s[mt][2 * kc + 1][2]);
+            continue;
+          }
           pa[mt][0] = pack_p16<PV>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
           pa[mt][1] = pack_p16<PV>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
           pa[mt][2] = pack_p16<PV>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);

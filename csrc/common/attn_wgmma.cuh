@@ -143,6 +143,14 @@ namespace sage {
 #ifndef SAGE_WG_EXP2_FMA
 #define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
 #endif
+#ifndef SAGE_WG_EXP2_F16X2
+// 16-bit fp16 P.V only: P as ex2.approx.f16x2 of the fp16-rounded exponents, two per MUFU
+// instruction, straight into P's A fragments, its row sum in fp16 (exp2_f16x2, sum_f16x2). 0: off.
+#define SAGE_WG_EXP2_F16X2 0
+#endif
+#if SAGE_WG_EXP2_F16X2 && SAGE_WG_EXP2_FMA
+#error "SAGE_WG_EXP2_F16X2 and SAGE_WG_EXP2_FMA are two answers to one question: set one"
+#endif
 #ifndef SAGE_WG_INTERLEAVE
 // WS kernel, plain loop: issue the k-steps of S_{kb+1} = Q K_{kb+1} and O += P_kb V_kb alternately,
 // as one commit group, so that consecutive wgmmas of a warpgroup write different accumulators
@@ -436,11 +444,17 @@ struct KBlock {
   }
 };
 
+// Whether P for a P.V of kind PV comes from the fp16x2 exponentials (SAGE_WG_EXP2_F16X2).
+template <PvKind PV>
+inline constexpr bool kExp2F16x2 = SAGE_WG_EXP2_F16X2 && PV == PvKind::kFp16;
+
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
 // MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
 // P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
-template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY = false>
+// F16X2: P comes out as fp16x2 words, the bits of sf[4j + 2r] holding columns 2t, 2t+1 of n8 tile
+// j, row r (sf[4j + 2r + 1] unused; pack_p16_frags<..., true> reads them).
+template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY = false, bool F16X2 = false>
 __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
@@ -494,6 +508,18 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     for (int sub = 0; sub < kSub; ++sub)
       neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
                           : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+    if constexpr (F16X2) {
+      static_assert(!P_X448, "fp16 P only");
+      uint32_t words[kNT];
+      #pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        words[j] = exp2_f16x2(fmaf(sf[4 * j + 2 * r], blk.dq[j / 8], neg_c[j / 8]),
+                              fmaf(sf[4 * j + 2 * r + 1], blk.dq[j / 8], neg_c[j / 8]));
+        sf[4 * j + 2 * r] = __uint_as_float(words[j]);
+      }
+      l_run[r] = l_run[r] * alpha[r] + sum_f16x2<kNT>(words);
+      continue;
+    }
     constexpr int kSums = SAGE_WG_SOFTMAX_ILP ? 4 : 1;  // ILP: four chains of FADDs, not one of 32
     float rowsum[kSums];
     #pragma unroll
@@ -514,10 +540,16 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
 
 // P as the 16-bit A fragments of the P.V wgmma (n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15, the
 // mma.m16n8k16 A layout).
-template <int BLOCK_N, PvKind PV>
+// F16X2: sf holds the words softmax_probs_of<..., F16X2 = true> packed.
+template <int BLOCK_N, PvKind PV, bool F16X2 = false>
 __device__ __forceinline__ void pack_p16_frags(const float (&sf)[BLOCK_N / 2], uint32_t (&pn)[BLOCK_N / 16][4]) {
   #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 16; ++kc) {
+    if constexpr (F16X2) {
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) pn[kc][i] = __float_as_uint(sf[8 * kc + 2 * i]);
+      continue;
+    }
     pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
     pn[kc][1] = pack_p16<PV>(sf[8 * kc + 2], sf[8 * kc + 3]);
     pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
@@ -576,8 +608,8 @@ __device__ __forceinline__ void softmax_packed(const int32_t (&s)[BLOCK_N / 2], 
     softmax_probs_of<BLOCK_N, MASK, SAGE_WG_FP8_P_FOLD>(s, blk, m_run, l_run, alpha, sf);
     pack_p8_frags<BLOCK_N>(sf, pa);
   } else {
-    softmax_probs_of<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, l_run, alpha, sf);
-    pack_p16_frags<BLOCK_N, PV>(sf, pa);
+    softmax_probs_of<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0), kExp2F16x2<PV>>(s, blk, m_run, l_run, alpha, sf);
+    pack_p16_frags<BLOCK_N, PV, kExp2F16x2<PV>>(sf, pa);
   }
 }
 
@@ -588,9 +620,9 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
   with_mask_choice(blk, [&](auto mask) {
     float sf[BLOCK_N / 2];
-    softmax_probs_of<BLOCK_N, decltype(mask)::value, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, l_run,
-                                                                                       alpha, sf);
-    pack_p16_frags<BLOCK_N, PV>(sf, pn);
+    softmax_probs_of<BLOCK_N, decltype(mask)::value, false, (SAGE_WG_LAZY_RESCALE > 0), kExp2F16x2<PV>>(
+        s, blk, m_run, l_run, alpha, sf);
+    pack_p16_frags<BLOCK_N, PV, kExp2F16x2<PV>>(sf, pn);
   });
 }
 

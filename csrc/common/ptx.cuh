@@ -143,6 +143,38 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^lo and 2^hi as one fp16x2 word (lo in the low half), for a P that goes to an fp16 P.V
+// anyway: the arguments rounded to fp16 (|x| * 2^-11 absolute, so the error is largest where P is
+// smallest), then one ex2.approx.f16x2 for both (the tuning knobs SAGE_EXP2_F16X2 and
+// SAGE_WG_EXP2_F16X2: whether it halves the MUFU's share of the softmax is what they measure).
+__device__ __forceinline__ uint32_t exp2_f16x2(float lo, float hi) {
+  const uint32_t x = pack_half2(lo, hi);
+  uint32_t y;
+  asm("ex2.approx.f16x2 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// The sum of N fp16x2 words' 2N halves, as a float: a pairwise tree of HADD2 (depth log2 N, so
+// each half's partial sum is rounded at most log2 N times), then the two halves in fp32. On
+// uint32_t through asm: taking a local word's address as a __half2 puts the array on the stack.
+template <int N>
+__device__ __forceinline__ float sum_f16x2(const uint32_t (&w)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  uint32_t v[N];
+  #pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = w[i];
+  // level by level with compile-time strides (a `step /= 2` loop is not unrolled: v went to the stack)
+  #pragma unroll
+  for (int level = 1; level < N; level *= 2)
+    #pragma unroll
+    for (int i = 0; i < N; i += 2 * level)
+      asm("add.rn.f16x2 %0, %1, %2;\n" : "=r"(v[i]) : "r"(v[i]), "r"(v[i + level]));
+  float lo, hi;
+  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+      : "=f"(lo), "=f"(hi) : "r"(v[0]));
+  return lo + hi;
+}
+
 // The softmaxes' exp2 of score column tile j (an n8 tile): the first FMA_TILES tiles of every 8
 // take exp2_fma, the rest the MUFU (j is a compile-time constant once the loop is unrolled).
 template <int FMA_TILES>
