@@ -278,25 +278,28 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     """INT8 QK / FP16 PV attention on the Triton kernels (which take masks); SDPA where the input
     needs it (CPU, fp32, grad, dropout). `quantization_backend` is accepted for compatibility: the
     Triton backend always quantizes with its own kernels."""
-    def eager():
+    def parse():
         check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
         options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
         options.update(attn_mask=attn_mask, smooth_k=smooth_k)
-        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
+        return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
                           sm_scale=sm_scale, return_lse=return_lse, options=options)
-        return _attend(call, q, k, v, candidates=("triton-fp16",), allow_fallback=False)
+
+    def eager():
+        return _attend(parse(), q, k, v, candidates=("triton-fp16",), allow_fallback=False)
 
     params = dict(tensor_layout=tensor_layout, quantization_backend=quantization_backend,
                   is_causal=is_causal, attn_mask=attn_mask, sm_scale=sm_scale, smooth_k=smooth_k,
                   return_lse=return_lse)
-    return _traceable("sageattn_qk_int8_pv_fp16_triton", q, k, v, params, kwargs, eager)
+    return _traceable("sageattn_qk_int8_pv_fp16_triton", q, k, v, params, kwargs, eager, parse=parse)
 
 
-def _traceable(name, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None)):
-    """``eager()``, or while torch.compile traces, one opaque custom op that runs it (traced.py)."""
+def _traceable(name, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None), parse=None):
+    """``eager()``, or while torch.compile traces, one opaque custom op that runs it, or for inputs
+    that need grad, the SDPA path on the call ``parse()`` validates (traced.py)."""
     if torch.compiler.is_compiling():
         from . import traced
-        return traced.call(name, q, k, v, params, kwargs, eager, cu_seqlens)
+        return traced.call(name, q, k, v, params, kwargs, eager, cu_seqlens, parse)
     return eager()
 
 
@@ -323,7 +326,7 @@ def _cuda_function(name, candidates, accum_choices, q, k, v, tensor_layout, is_c
                   return_lse=return_lse)
     if takes_smooth_v:
         params["smooth_v"] = smooth_v
-    return _traceable(name, q, k, v, params, kwargs, eager)
+    return _traceable(name, q, k, v, params, kwargs, eager, parse=parse)
 
 
 def sageattn_qk_int8_pv_fp16_cuda(q, k, v, tensor_layout="HND", is_causal=False, qk_quant_gran="per_thread",

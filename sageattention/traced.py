@@ -8,13 +8,17 @@ instead. Its eager implementation is the normal `sageattn` (dispatch, kernels, f
 the output's shape, so `torch.compile(..., fullgraph=True)` works and bad input still raises the
 same ValueError/TypeError while tracing.
 
-Calls that the op cannot carry take the eager path instead: inputs that require grad (the op
-defines no backward; the dispatcher would run SDPA, which dynamo traces) and arguments whose
-Python types do not fit the op's schema (the eager path raises the usual error for them).
+Inputs that require grad (with grad mode on) do not go through the op, which defines no
+backward: the dispatcher's answer for them is always SDPA (the quantized kernels are forward-only),
+or BackendUnavailableError when another backend is forced, so that answer is traced directly:
+the call validated by `parse_call` (or the function's own parse), then the SDPA path with its
+backward (`grad_sdpa`). `last_backend()` is not updated by it. Arguments whose Python types do
+not fit the op's schema take the eager path (which raises the usual error for them).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -64,17 +68,41 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def needs_grad(q, k, v, mask=None) -> bool:
+    """Whether autograd records this call (the eager dispatcher's `requires_grad`, mask included)."""
+    tensors = [t for t in (q, k, v, mask) if isinstance(t, torch.Tensor)]
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def grad_sdpa(call, q, k, v):
+    """The dispatcher's choice for a call that needs grad, in a form dynamo traces: SDPA (output
+    and backward from torch), or BackendUnavailableError where a quantized backend is forced."""
+    from . import core, dispatch
+    from .backends import SDPA
+
+    forced = dispatch.forced_backend()
+    if forced is not None and forced != SDPA:
+        raise dispatch.BackendUnavailableError(
+            f"backend {forced!r} is forced but cannot run this call: forward only (inputs require "
+            "grad); force 'sdpa' or run the call without grad")
+    p = call.problem
+    if p.empty:
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        lse = torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=q.device)
+    else:
+        out, lse = core._run_sdpa(call, q, k, v)
+    return (out, lse) if call.return_lse else out
+
+
 def _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts) -> bool:
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
-        return False
-    if any(t.requires_grad for t in (q, k, v)):
         return False
     mask = opts["attn_mask"]
     checks = (
         isinstance(tensor_layout, str), isinstance(is_causal, bool), isinstance(return_lse, bool),
         sm_scale is None or _is_number(sm_scale), opts["scale"] is None or _is_number(opts["scale"]),
         opts["scale"] is None or sm_scale is None,
-        mask is None or (isinstance(mask, torch.Tensor) and not mask.requires_grad),
+        mask is None or isinstance(mask, torch.Tensor),
         _is_number(opts["dropout_p"]), opts["enable_gqa"] is None or isinstance(opts["enable_gqa"], bool),
         opts["qk_quant_gran"] is None or isinstance(opts["qk_quant_gran"], str),
         opts["pv_accum_dtype"] is None or isinstance(opts["pv_accum_dtype"], str),
@@ -92,6 +120,10 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
     opts.update(kwargs)
     if not _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts):
         return eager()
+    if needs_grad(q, k, v, opts["attn_mask"]):
+        call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                          return_lse=return_lse, options={n: opts[n] for n in SAGEATTN_KEYWORDS})
+        return grad_sdpa(call, q, k, v)
     scale = sm_scale if opts["scale"] is None else opts["scale"]
     out, lse = sageattn_op(q, k, v, opts["attn_mask"], tensor_layout, is_causal,
                            None if scale is None else float(scale), return_lse,
@@ -178,18 +210,21 @@ def _fits(value, kind) -> bool:
     return isinstance(value, kind)
 
 
-def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None)):
+def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None), parse=None):
     """`function` while torch.compile traces: the custom op, or ``eager()`` when the op cannot carry
-    the call (grad, an unknown keyword, a value of a type its slot does not take)."""
+    the call (an unknown keyword, a value of a type its slot does not take, or grad without
+    `parse`, the function's own validation, which gives the call `grad_sdpa` runs)."""
     params = {**params, **kwargs}
     mask = params.pop("attn_mask", None)
     tensors = (q, k, v, *(t for t in cu_seqlens if t is not None))
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or any(t.requires_grad for t in (q, k, v)):
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
         return eager()
-    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.requires_grad):
+    if mask is not None and not isinstance(mask, torch.Tensor):
         return eager()
     if any(name not in _SLOT_TYPES or not _fits(value, _SLOT_TYPES[name]) for name, value in params.items()):
         return eager()
+    if needs_grad(q, k, v, mask):
+        return eager() if parse is None else grad_sdpa(parse(), q, k, v)
     slots = [params.get(name) for name in _SLOTS]
     slots = [float(x) if _SLOT_TYPES[n] is float and x is not None else x for n, x in zip(_SLOTS, slots)]
     out, lse = call_op(function, q, k, v, mask, cu_seqlens[0], cu_seqlens[1], ",".join(params),

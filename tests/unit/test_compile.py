@@ -65,11 +65,83 @@ def test_bad_input_still_names_the_problem_while_tracing():
         fn(q, k, v)
 
 
-def test_grad_inputs_take_the_eager_path_and_get_gradients():
-    q, k, v = qkv(requires_grad=True)
-    out = torch.compile(lambda q, k, v: sa.sageattn(q, k, v), backend="aot_eager")(q, k, v)
+def _chain(exc: BaseException) -> str:
+    """An exception's text and its causes' (dynamo raises its own, with the user's as the cause)."""
+    texts = []
+    while exc is not None:
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return " <- ".join(texts)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_grad_inputs_trace_with_fullgraph_and_match_eager_gradients(layout):
+    # a training step: the dispatcher's answer for grad is SDPA, traced with its backward
+    inputs = qkv(layout, requires_grad=True)
+    fn = lambda q, k, v: sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)  # noqa: E731
+    out, lse = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    (out.sum() + lse.sum()).backward()
+    grads = [t.grad.clone() for t in inputs]
+    eager = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out_e, lse_e = fn(*eager)
+    (out_e.sum() + lse_e.sum()).backward()
+    torch.testing.assert_close(out, out_e)
+    torch.testing.assert_close(lse, lse_e)
+    for got, want in zip(grads, (t.grad for t in eager)):
+        torch.testing.assert_close(got, want)
+    assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+
+
+def test_a_mask_that_requires_grad_gets_its_gradient_under_fullgraph():
+    q, k, v = qkv()
+    bias = torch.zeros(1, 1, q.shape[2], k.shape[2], requires_grad=True)
+    out = torch.compile(lambda q, k, v, m: sa.sageattn(q, k, v, attn_mask=m), fullgraph=True,
+                        backend="aot_eager")(q, k, v, bias)
+    (out * torch.arange(out.numel()).view_as(out)).sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("sageattn_qk_int8_pv_fp16_triton", dict(is_causal=True)),
+    ("sageattn_qk_int8_pv_fp16_cuda", dict(pv_accum_dtype="fp16+fp32")),
+    ("sageattn_qk_int8_pv_fp8_cuda", dict(smooth_v=True)),
+])
+def test_kernel_specific_functions_with_grad_trace_with_fullgraph(name, kwargs):
+    inputs = qkv(requires_grad=True)
+    fn = getattr(sa, name)
+    out = torch.compile(lambda q, k, v: fn(q, k, v, **kwargs), fullgraph=True, backend="aot_eager")(*inputs)
     out.sum().backward()
-    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+    eager = [t.detach().clone().requires_grad_(True) for t in inputs]
+    fn(*eager, **kwargs).sum().backward()
+    for got, want in zip(inputs, eager):
+        torch.testing.assert_close(got.grad, want.grad)
+
+
+def test_grad_inputs_under_no_grad_take_the_op():
+    q, k, v = qkv(requires_grad=True)
+    fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        out = fn(q, k, v)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, sa.sageattn(q.detach(), k.detach(), v.detach()))
+
+
+def test_grad_inputs_with_a_forced_quantized_backend_still_refuse_under_fullgraph():
+    q, k, v = qkv(requires_grad=True)
+    fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v), fullgraph=True, backend="eager")
+    with sa.force_backend("triton-fp16"), pytest.raises(Exception) as info:
+        fn(q, k, v)
+    assert "forced" in _chain(info.value) and "require grad" in _chain(info.value)
+    with sa.force_backend("sdpa"):
+        torch.testing.assert_close(fn(q, k, v), sa.sageattn(q, k, v))
+
+
+def test_bad_grad_input_still_names_the_problem_under_fullgraph():
+    q, k, v = qkv(requires_grad=True)
+    fn = torch.compile(lambda q, k, v: sa.sageattn(q, k[..., :16], v), fullgraph=True, backend="eager")
+    with pytest.raises(Exception) as info:
+        fn(q, k, v)
+    assert "head dims differ" in _chain(info.value)
 
 
 def test_the_op_passes_opcheck():
