@@ -191,11 +191,14 @@ def _check_name(name, source: str) -> str:
 def force_backend(name: str):
     """Run every sageattention call in this context on backend `name`, or raise
     BackendUnavailableError where it cannot run. No silent fallback."""
+    global _forced_plain
     token = _forced.set(_check_name(name, "force_backend(name)"))
+    before, _forced_plain = _forced_plain, name
     try:
         yield
     finally:
         _forced.reset(token)
+        _forced_plain = before
 
 
 def forced_backend(env=None) -> str | None:
@@ -203,8 +206,25 @@ def forced_backend(env=None) -> str | None:
     name = _forced.get()
     if name is not None:
         return name
+    global _env_plain
     value = (os.environ if env is None else env).get(ENV_VAR, "").strip()
-    return _check_name(value, ENV_VAR) if value else None
+    value = _check_name(value, ENV_VAR) if value else None
+    if env is None:
+        _env_plain = value
+    return value
+
+
+# force_backend()'s name and the variable's, as plain module globals for code that dynamo traces
+# (traced.grad_sdpa): torch 2.11's dynamo cannot trace ContextVar.get, and it guards on a global's
+# value, so a graph is traced again when they change. Process-wide, not per thread or task: the
+# innermost force_backend() entered last; the variable as the last eager call (or the import) read it.
+_forced_plain: str | None = None
+_env_plain: str | None = os.environ.get(ENV_VAR, "").strip() or None
+
+
+def forced_backend_plain() -> str | None:
+    """forced_backend() from the plain globals above (see there)."""
+    return _forced_plain if _forced_plain is not None else _env_plain
 
 
 # --- calibration on/off ----------------------------------------------------------------------

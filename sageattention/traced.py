@@ -80,7 +80,7 @@ def grad_sdpa(call, q, k, v):
     from . import core, dispatch
     from .backends import SDPA
 
-    forced = dispatch.forced_backend()
+    forced = dispatch.forced_backend_plain()
     if forced is not None and forced != SDPA:
         raise dispatch.BackendUnavailableError(
             f"backend {forced!r} is forced but cannot run this call: forward only (inputs require "
