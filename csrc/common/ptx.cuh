@@ -146,7 +146,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // 2^lo and 2^hi as one fp16x2 word (lo in the low half), for a P that goes to an fp16 P.V
 // anyway: the arguments rounded to fp16 (|x| * 2^-11 absolute, so the error is largest where P is
 // smallest), then one ex2.approx.f16x2 for both (the tuning knobs SAGE_EXP2_F16X2 and
-// SAGE_WG_EXP2_F16X2: whether it halves the MUFU's share of the softmax is what they measure).
+// SAGE_WG_EXP2_F16X2). Measured on an H100: sm_90 runs it as two MUFU.EX2.F16, no faster than two
+// f32 exponentials, and the sm90 kernel with it was 0.969x (docs/kernels.md, 2026-12-06).
 __device__ __forceinline__ uint32_t exp2_f16x2(float lo, float hi) {
   const uint32_t x = pack_half2(lo, hi);
   uint32_t y;
