@@ -164,14 +164,20 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
     return (out, lse) if call.return_lse else out
 
 
-def _empty_result(call: AttnCall, q):
-    """Nothing to attend over: zeros of q's shape (no keys) or an empty tensor (no queries)."""
+def _empty_outputs(call: AttnCall, q):
+    """Nothing to attend over: (zeros of q's shape, LSE of -inf), the LSE None unless asked for."""
     p = call.problem
-    record_backend(None)
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     if not call.return_lse:
-        return out
+        return out, None
     return out, torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
+
+
+def _empty_result(call: AttnCall, q):
+    """Nothing to attend over: zeros of q's shape (no keys) or an empty tensor (no queries)."""
+    record_backend(None)
+    out, lse = _empty_outputs(call, q)
+    return (out, lse) if call.return_lse else out
 
 
 def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, request=None):

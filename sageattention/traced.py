@@ -18,7 +18,6 @@ not fit the op's schema take the eager path (which raises the usual error for th
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -85,12 +84,8 @@ def grad_sdpa(call, q, k, v):
         raise dispatch.BackendUnavailableError(
             f"backend {forced!r} is forced but cannot run this call: forward only (inputs require "
             "grad); force 'sdpa' or run the call without grad")
-    p = call.problem
-    if p.empty:
-        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-        lse = torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=q.device)
-    else:
-        out, lse = core._run_sdpa(call, q, k, v)
+    # core._empty_result's outputs without its last_backend bookkeeping (thread-local: not traced)
+    out, lse = core._empty_outputs(call, q) if call.problem.empty else core._run_sdpa(call, q, k, v)
     return (out, lse) if call.return_lse else out
 
 
@@ -122,7 +117,7 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
         return eager()
     if needs_grad(q, k, v, opts["attn_mask"]):
         call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-                          return_lse=return_lse, options={n: opts[n] for n in SAGEATTN_KEYWORDS})
+                          return_lse=return_lse, options=opts)
         return grad_sdpa(call, q, k, v)
     scale = sm_scale if opts["scale"] is None else opts["scale"]
     out, lse = sageattn_op(q, k, v, opts["attn_mask"], tensor_layout, is_causal,
