@@ -71,3 +71,39 @@ def test_fullgraph_varlen():
     out = torch.compile(lambda q, k, v: sa.sageattn_varlen(q, k, v, cu, cu, 2000, 2000, is_causal=True),
                         fullgraph=True)(q, k, v)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fullgraph_with_inputs_that_require_grad(dtype):
+    """Grad inputs trace the SDPA path (the only one the dispatcher allows them, with torch's
+    backward); under no_grad the same compiled function runs a quantized kernel again."""
+    import sageattention as sa
+
+    torch._dynamo.reset()
+    g = torch.Generator(device="cuda").manual_seed(6)
+    q, k, v = (torch.randn(2, 8, 1000, 128, device="cuda", generator=g, dtype=dtype).requires_grad_()
+               for _ in range(3))
+
+    def fn(q, k, v):
+        return sa.sageattn(q, k, v, is_causal=True)
+
+    def grads(run):
+        for t in (q, k, v):
+            t.grad = None
+        out = run(q, k, v)
+        out.float().square().sum().backward()
+        return out.detach(), [t.grad.clone() for t in (q, k, v)]
+
+    compiled = torch.compile(fn, fullgraph=True)
+    out, dqkv = grads(compiled)  # (a traced grad call leaves last_backend() alone: docs/api.md)
+    ref, ref_dqkv = grads(fn)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    for got, want in zip(dqkv, ref_dqkv):
+        torch.testing.assert_close(got, want)
+    with torch.no_grad(), sa.use_calibration(False):  # the static order: a native kernel first
+        quantized = compiled(q, k, v)
+        ran = sa.last_backend()
+        if ran == "sdpa":
+            pytest.skip(f"no quantized backend runs {dtype} on this GPU: {sa.explain(q, k, v)}")
+    cos = torch.nn.functional.cosine_similarity(quantized.float().flatten(), ref.float().flatten(), dim=0)
+    assert cos > 0.999, (ran, cos.item())
