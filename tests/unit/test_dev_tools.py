@@ -293,3 +293,50 @@ def test_lazy_rescale_emulation_keeps_the_output_and_bounds_p(capsys):
     assert min(cosines) > 0.9999999 and p_max[0] == p_max[1] == 1.0 and 1.0 < p_max[2] <= 256.0
     with pytest.raises(SystemExit):
         emulation.main(["--block", "0"])
+
+
+def test_order_diagnostic_times_every_entry_after_sdpa_and_otherwise(capsys, monkeypatch):
+    """benchmarks/gpu_dev_order.py on CPU tensors with a stand-in for the package and the timer:
+    every order of the four entries is timed, and each entry other than SDPA itself is timed
+    right after SDPA in some of them."""
+    import contextlib
+
+    import torch
+
+    order = _load("gpu_dev_order")
+    assert order.parse_case("4x32x4096x64c") == (4, 32, 4096, 64, True)
+    with pytest.raises(Exception, match="expected BxHxNxD"):
+        order.parse_case("4x32x64")
+
+    class Package:
+        ran = None
+        force_backend = staticmethod(lambda name: contextlib.nullcontext())
+        last_backend = staticmethod(lambda: Package.ran)
+
+        @staticmethod
+        def sageattn(q, k, v, is_causal=False):
+            Package.ran = "sdpa"
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None, generator=None: real_randn(*shape))
+    class Generator:  # the script seeds a CUDA generator; the stand-in randn takes none
+        def __init__(self, device=None):
+            pass
+
+        def manual_seed(self, seed):
+            return self
+
+    monkeypatch.setattr(torch, "Generator", Generator)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    timed = []
+    order.time_case(Package, lambda fn: timed.append(fn) or 1.0, "cuda-sm90-fp16", (1, 2, 64, 32, True), 24)
+    out = capsys.readouterr().out
+    assert len(timed) == 24 * 4
+    assert "default dispatch ran sdpa" in out
+    lines = {line.split("after sdpa")[0].strip(): line for line in out.splitlines() if "after sdpa" in line}
+    assert set(lines) == {"sdpa direct", "sageattn default", "sageattn forced sdpa",
+                          "sageattn forced cuda-sm90-fp16"}
+    assert "(n=0)" in lines["sdpa direct"]  # SDPA never follows itself
+    for name in ("sageattn default", "sageattn forced sdpa", "sageattn forced cuda-sm90-fp16"):
+        assert "(n=0)" not in lines[name], lines[name]
