@@ -97,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import sageattention as sa
     from sageattention import benchmark
+    from sageattention.backends import backend
     from sageattention.native import available_families
 
     timer = benchmark.cuda_timer(args.warmup_ms, args.rep_ms)
+    loaded = available_families()  # family -> None when loaded, else why not
     native = next((name for name in ("cuda-sm90-fp16", "cuda-sm80-fp16", "cuda-sm75-fp16")
-                   if available_families().get(name.split("-")[1]) is None), None)
+                   if loaded.get(backend(name).family, "unknown") is None), None)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, sageattention {sa.__version__}; "
           f"timer warm-up {args.warmup_ms} ms, repetitions {args.rep_ms} ms; native entry {native}")
     for case in args.case:

@@ -299,13 +299,14 @@ def test_order_diagnostic_times_every_entry_after_sdpa_and_otherwise(capsys, mon
     """benchmarks/gpu_dev_order.py on CPU tensors with a stand-in for the package and the timer:
     every order of the four entries is timed, and each entry other than SDPA itself is timed
     right after SDPA in some of them."""
+    import argparse
     import contextlib
 
     import torch
 
     order = _load("gpu_dev_order")
     assert order.parse_case("4x32x4096x64c") == (4, 32, 4096, 64, True)
-    with pytest.raises(Exception, match="expected BxHxNxD"):
+    with pytest.raises(argparse.ArgumentTypeError, match="expected BxHxNxD"):
         order.parse_case("4x32x64")
 
     class Package:
@@ -320,6 +321,7 @@ def test_order_diagnostic_times_every_entry_after_sdpa_and_otherwise(capsys, mon
 
     real_randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *shape, device=None, dtype=None, generator=None: real_randn(*shape))
+
     class Generator:  # the script seeds a CUDA generator; the stand-in randn takes none
         def __init__(self, device=None):
             pass
