@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--case", type=parse_case, nargs="+",
                    default=[parse_case(c) for c in ("4x32x4096x64c", "4x32x4096x128", "8x32x1024x128c")])
-    p.add_argument("--rounds", type=int, default=24,
+    from sageattention.benchmark import rounds_arg
+
+    p.add_argument("--rounds", type=rounds_arg, default=24,
                    help="rounds, each in another order of the entries (default 24: all orders of four)")
     p.add_argument("--warmup-ms", type=float, default=25)
     p.add_argument("--rep-ms", type=float, default=40)

@@ -308,6 +308,8 @@ def test_order_diagnostic_times_every_entry_after_sdpa_and_otherwise(capsys, mon
     assert order.parse_case("4x32x4096x64c") == (4, 32, 4096, 64, True)
     with pytest.raises(argparse.ArgumentTypeError, match="expected BxHxNxD"):
         order.parse_case("4x32x64")
+    with pytest.raises(SystemExit):  # argparse: "--rounds: must be a whole number of at least 1"
+        order.main(["--rounds", "0"])
 
     class Package:
         ran = None
