@@ -89,8 +89,8 @@ def trace_table(text: str) -> str:
     start, softmax done, products issued, products done, K/V landed (between done and issued);
     shown as softmax (0->1), K/V wait (1->4), issue (4->2), products (2->3) and period (0->next 0).
     The overlapped loop's stamps mean other things (see the kernel). Then the TRACE_TILE lines:
-    per tile (the traced CTA's first two) the cycles from kernel entry to the tile's start, waiting
-    for its Q and first K, its first QK, the K loop (and per block), storing the output. Only the
+    per tile (the traced CTA's first SAGE_WG_TRACE_TILES) the cycles from kernel entry to the tile's
+    start, since the warpgroup stored its previous tile, waiting for its Q and first K, its first QK, the K loop (and per block), storing the output. Only the
     last call's lines count (each call prints them)."""
     stamps: dict[tuple[int, int], tuple[int, ...]] = {}
     tiles: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -102,14 +102,18 @@ def trace_table(text: str) -> str:
             tiles[(int(parts[6]), int(parts[4]))] = tuple(int(x) for x in [parts[8]] + parts[10:16])
     if not stamps and not tiles:
         return "no TRACE lines (build with -DSAGE_WG_TRACE=<CTA index>)\n"
-    rows = _block_rows(stamps) if stamps else ["no TRACE lines for K blocks 8..23 (fewer K blocks?)"]
+    rows = _block_rows(stamps) if stamps else [
+        "no TRACE lines for K blocks (fewer K blocks than SAGE_WG_TRACE_FIRST, default 8?)"]
     if tiles:
-        rows.append("tile wg  blocks   from_entry  q_k_wait  first_qk      loop  per_block     store     total")
+        rows.append("tile wg  blocks   from_entry  after_prev  q_k_wait  first_qk      loop  per_block     store"
+                    "     total")
         for (it, wg), (nkb, entry, t0, t1, t2, t3, t4) in sorted(tiles.items()):
             loop = _clock_dt(t2, t3)
-            rows.append(f"{it:<4d} {wg:<3d} {nkb:>6d} {_clock_dt(entry, t0):>12d} {_clock_dt(t0, t1):>9d} "
-                        f"{_clock_dt(t1, t2):>9d} {loop:>9d} {loop // max(nkb, 1):>10d} {_clock_dt(t3, t4):>9d} "
-                        f"{_clock_dt(t0, t4):>9d}")
+            prev = tiles.get((it - 1, wg))  # the gap since this warpgroup stored its previous tile
+            after_prev = f"{_clock_dt(prev[-1], t0):>11d}" if prev else f"{'-':>11}"
+            rows.append(f"{it:<4d} {wg:<3d} {nkb:>6d} {_clock_dt(entry, t0):>12d} {after_prev} "
+                        f"{_clock_dt(t0, t1):>9d} {_clock_dt(t1, t2):>9d} {loop:>9d} {loop // max(nkb, 1):>10d} "
+                        f"{_clock_dt(t3, t4):>9d} {_clock_dt(t0, t4):>9d}")
     return "\n".join(rows) + "\n"
 
 

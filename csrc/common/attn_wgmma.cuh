@@ -132,13 +132,20 @@ namespace sage {
 #endif
 #ifndef SAGE_WG_TRACE
 // Tuning build only: >= 0 makes CTA number SAGE_WG_TRACE (linear block index) of the WS kernel
-// record the SM clock at each phase of K blocks 8..23 for the first thread of each consumer
-// warpgroup, and at the phases of its first two tiles (persistent: the CTA's first two; else its
-// only one): K/V and Q landed, first QK done, K loop done, output stored. The launcher then
+// record the SM clock at each phase of K blocks SAGE_WG_TRACE_FIRST.. (default 8..23) of its first
+// tile for the first thread of each consumer warpgroup, and at the phases of its first
+// SAGE_WG_TRACE_TILES tiles (default 2; persistent: the CTA's first ones; else its only one): K/V
+// and Q landed, first QK done, K loop done, output stored. The launcher then
 // prints them from a second kernel (wg_trace::print_kernel; benchmarks/gpu_dev_profile.py trace
 // reads the lines): a printf in the attention kernel itself made ptxas serialize every wgmma
 // (warning C7510, "wgmma pipeline crossing function boundary"). -1: off.
 #define SAGE_WG_TRACE -1
+#endif
+#ifndef SAGE_WG_TRACE_FIRST
+#define SAGE_WG_TRACE_FIRST 8  // the first traced K block (0 for short rows, e.g. n=1024: 8 blocks)
+#endif
+#ifndef SAGE_WG_TRACE_TILES
+#define SAGE_WG_TRACE_TILES 2  // tiles traced per consumer warpgroup (persistent CTAs run several)
 #endif
 #ifndef SAGE_WG_EXP2_FMA
 #define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
@@ -899,7 +906,7 @@ inline constexpr bool kWsTma = SAGE_WG_TMA != 0;
 // O ("fp32").
 #if SAGE_WG_TRACE >= 0
 namespace wg_trace {
-constexpr int kFirst = 8, kBlocks = 16, kTiles = 2;  // K blocks 8..23 of the first tile; two tiles
+constexpr int kFirst = SAGE_WG_TRACE_FIRST, kBlocks = 16, kTiles = SAGE_WG_TRACE_TILES;  // K blocks kFirst.. of the first tile
 constexpr int kWgs = 4;  // consumer warpgroups a CTA can have
 // One per module (static: each .cu has its own, read by its own print_kernel).
 struct Buffer {

@@ -103,9 +103,9 @@ def test_trace_table_shows_each_traced_tile_phases():
     table = profile.trace_table(text)
     assert "fewer K blocks" in table  # no per-block lines: fewer than 9 K blocks
     first = next(line for line in table.splitlines() if line.startswith("0 "))
-    assert first.split() == ["0", "0", "8", "400", "2000", "300", "20000", "2500", "3000", "25300"]
+    assert first.split() == ["0", "0", "8", "400", "-", "2000", "300", "20000", "2500", "3000", "25300"]
     second = next(line for line in table.splitlines() if line.startswith("1 "))
-    assert second.split()[3:8] == ["25710", "100", "300", "10000", "2500"]
+    assert second.split()[3:9] == ["25710", "10", "100", "300", "10000", "2500"]  # 10 after tile 0's store
 
 
 def test_a_hanging_variant_run_is_killed_with_what_it_printed():
