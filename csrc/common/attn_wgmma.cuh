@@ -46,6 +46,11 @@ namespace sage {
 #ifndef SAGE_WG_WS_MINB
 #define SAGE_WG_WS_MINB 0  // WS kernel: CTAs per SM to leave registers for (0: 2 with one consumer warpgroup, else 1)
 #endif
+#ifndef SAGE_WG_STAGED_STORE
+// WS kernel: each consumer warpgroup's output tile goes through shared memory and out as 16-byte
+// stores (wg::store_rows_staged), instead of 4-byte stores straight from the accumulators.
+#define SAGE_WG_STAGED_STORE 0
+#endif
 #ifndef SAGE_WG_KS_PREFETCH
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
 #endif
@@ -645,9 +650,38 @@ __device__ __forceinline__ void rescale(float (&o)[HEAD_DIM / 2], const float (&
   }
 }
 
+// Epilogue pieces. A row's 1 / l for O and its l for the LSE, from the thread's partial sum.
+// FP8: O is P*448 times the scaled e4m3 V; with SAGE_WG_FP8_P_FOLD l carries the 448 too.
+template <bool FP8>
+struct RowNorm {
+  float inv, l_true;
+  __device__ __forceinline__ explicit RowNorm(float l_part) {
+    const float l = quad_sum(l_part);
+    constexpr bool kLx448 = FP8 && SAGE_WG_FP8_P_FOLD;
+    inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : 1.f / l;
+    l_true = kLx448 ? l * (1.f / kFp8PScale) : l;
+  }
+};
+
+// O / l of the thread's row r (0: g, 1: g + 8) at channels j * 8 + 2t and + 1, packed in the
+// output's dtype. FP8: also V's per-channel scale and its mean added back (the sm89 contract).
+template <int HEAD_DIM, typename OutT, bool FP8>
+__device__ __forceinline__ uint32_t out_pair(const AttnParams& p, const float (&o)[HEAD_DIM / 2], float inv, int r,
+                                             int j, int t, int64_t bhkv) {
+  const int d = j * 8 + 2 * t;
+  float a = o[4 * j + 2 * r] * inv, c = o[4 * j + 2 * r + 1] * inv;
+  if constexpr (FP8) {
+    a *= p.v_scale[bhkv * HEAD_DIM + d];
+    c *= p.v_scale[bhkv * HEAD_DIM + d + 1];
+    if (p.v_mean) {
+      a += p.v_mean[bhkv * HEAD_DIM + d];
+      c += p.v_mean[bhkv * HEAD_DIM + d + 1];
+    }
+  }
+  return pack_out2<OutT>(a, c);
+}
+
 // Epilogue of the thread's rows row0 + g (+8): O / l in the output's dtype, and the LSE.
-// FP8: O is P*448 times the scaled e4m3 V: divide by 448, multiply by V's per-channel scale and add
-// its mean back (the sm89 contract).
 template <int HEAD_DIM, typename OutT, bool FP8 = false>
 __device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)[HEAD_DIM / 2],
                                            const float (&l_run)[2], const float (&m_run)[2], int b,
@@ -655,29 +689,67 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, const float (&o)
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(l_run[r]);
+    const RowNorm<FP8> norm(l_run[r]);
     const int row = row0 + g + 8 * r;
     if (row >= p.q_len) continue;
-    // FP8: O carries P's 448; with SAGE_WG_FP8_P_FOLD so does l (then O / l is already right).
-    constexpr bool kLx448 = FP8 && SAGE_WG_FP8_P_FOLD;
-    const float inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : 1.f / l;
-    const float l_true = kLx448 ? l * (1.f / kFp8PScale) : l;  // for the LSE
     OutT* orow = out + row * p.o_sn;
     #pragma unroll
-    for (int j = 0; j < HEAD_DIM / 8; ++j) {
-      const int d = j * 8 + 2 * t;
-      float a = o[4 * j + 2 * r] * inv, c = o[4 * j + 2 * r + 1] * inv;
-      if constexpr (FP8) {
-        a *= p.v_scale[bhkv * HEAD_DIM + d];
-        c *= p.v_scale[bhkv * HEAD_DIM + d + 1];
-        if (p.v_mean) {
-          a += p.v_mean[bhkv * HEAD_DIM + d];
-          c += p.v_mean[bhkv * HEAD_DIM + d + 1];
-        }
-      }
-      *reinterpret_cast<uint32_t*>(orow + d) = pack_out2<OutT>(a, c);
+    for (int j = 0; j < HEAD_DIM / 8; ++j)
+      *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) = out_pair<HEAD_DIM, OutT, FP8>(p, o, norm.inv, r, j, t, bhkv);
+    if (p.lse && t == 0) store_lse(p, bh, row, norm.l_true, m_run[r]);
+  }
+}
+
+// Whether the output takes 16-byte stores: its base and its batch, head and row strides are
+// multiples of 16 bytes (true for the output the bindings allocate).
+template <typename OutT>
+__device__ __forceinline__ bool out_16b_aligned(const AttnParams& p) {
+  return ((reinterpret_cast<uintptr_t>(p.out) | static_cast<uint64_t>(p.o_sb | p.o_sh | p.o_sn) * sizeof(OutT)) &
+          15u) == 0;
+}
+
+// The same epilogue for a consumer warpgroup's 64 rows from wg_row0 (SAGE_WG_STAGED_STORE): the
+// thread's words go to the warpgroup's tile in shared memory (`stage`, 64 rows of HEAD_DIM
+// values; 16-byte chunk c of row r stored at chunk c ^ (r % 8), so the 8 rows a warp writes at once
+// fall in distinct banks), then each thread copies whole 16-byte chunks out, so a warp's store
+// covers two (d=128) or four (d=64) rows' contiguous bytes. The direct path's 4-byte stores touch
+// 8 rows per warp instruction; in the H100 trace (benchmarks/results/h100-2026-12-06-trace-6f496e1.log)
+// its stores took ~2300-4200 cycles per tile, ~10% of a tile at n=1024.
+// `barrier`: a named barrier of this warpgroup's 128 threads. The caller checked out_16b_aligned.
+template <int HEAD_DIM, typename OutT, bool FP8 = false>
+__device__ __forceinline__ void store_rows_staged(const AttnParams& p, const float (&o)[HEAD_DIM / 2],
+                                                  const float (&l_run)[2], const float (&m_run)[2], int b, int h,
+                                                  int64_t bh, int wg_row0, int wq, int g, int t, int64_t bhkv,
+                                                  uint32_t stage, int barrier) {
+  constexpr int kChunks = HEAD_DIM / 8, kRowBytes = HEAD_DIM * 2;
+  static_assert(kChunks >= 8, "the swizzle XORs the chunk index with the row's low 3 bits");
+  sm90::named_sync(barrier, 128);  // every thread has read the warpgroup's previous tile out
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const RowNorm<FP8> norm(l_run[r]);
+    const int lrow = wq * 16 + g + 8 * r;  // lrow % 8 == g
+    const uint32_t row_addr = stage + lrow * kRowBytes + 4 * t;
+    #pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const uint32_t word = out_pair<HEAD_DIM, OutT, FP8>(p, o, norm.inv, r, j, t, bhkv);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + ((j ^ g) << 4)), "r"(word) : "memory");
     }
-    if (p.lse && t == 0) store_lse(p, bh, row, l_true, m_run[r]);
+    const int row = wg_row0 + lrow;
+    if (p.lse && t == 0 && row < p.q_len) store_lse(p, bh, row, norm.l_true, m_run[r]);
+  }
+  sm90::named_sync(barrier, 128);  // the tile is in shared memory
+  OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
+  const int ti = threadIdx.x & 127;
+  #pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = i * 128 + ti, lrow = idx / kChunks, c = idx % kChunks;
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(stage + lrow * kRowBytes + ((c ^ (lrow & 7)) << 4))
+                 : "memory");
+    const int row = wg_row0 + lrow;
+    if (row < p.q_len) *reinterpret_cast<uint4*>(out + row * p.o_sn + c * 8) = v;
   }
 }
 
@@ -864,7 +936,9 @@ struct WgmmaWsTraits {
   // each Q buffer (int64, the dynamic scheduler's hand-over)
   static constexpr int kTileSlotOffset = (3 * STAGES + 2 * kQStages) * 8;
   static constexpr int kBarBytes = kTileSlotOffset + (PERSISTENT ? 8 * kQStages : 0);
-  static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kBarBytes + 1024;
+  // SAGE_WG_STAGED_STORE: each consumer warpgroup's output tile (64 rows of 16-bit values)
+  static constexpr int kOBytes = SAGE_WG_STAGED_STORE ? NWG * 64 * HEAD_DIM * 2 : 0;
+  static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kOBytes + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
   static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
   // setmaxnreg moves registers from the producer to the consumers: each thread enters with
@@ -959,12 +1033,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                 "SAGE_WG_QK_AHEAD needs SAGE_WG_FUSED_UPDATE, and no ping-pong, overlap or interleave");
   constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
   constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
+  constexpr int kStoreBarrier = 4;     // + wgi: each consumer warpgroup's (SAGE_WG_STAGED_STORE)
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ0 + Tr::kQStages * Tr::kQBytes;
   const uint32_t sV = sK + STAGES * Tr::kKBytes;
-  const uint32_t bars = sV + STAGES * Tr::kVBytes;
+  const uint32_t sO = sV + STAGES * Tr::kVBytes;  // SAGE_WG_STAGED_STORE: the output tiles
+  const uint32_t bars = sO + Tr::kOBytes;
   auto full_k = [&](int st) { return bars + 8 * st; };
   auto full_v = [&](int st) { return bars + 8 * (STAGES + st); };
   auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
@@ -1417,7 +1493,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if (tracer) trace_buf.block_count[wgi] = max(0, min(wg_trace::kBlocks, n_kblocks - wg_trace::kFirst));
 #endif
     if constexpr (PERSISTENT) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
-    wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
+    if (SAGE_WG_STAGED_STORE && wg::out_16b_aligned<OutT>(p))
+      wg::store_rows_staged<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, q0 + wgi * 64, wq, g, t, bhkv,
+                                                  sO + wgi * 64 * HEAD_DIM * 2, kStoreBarrier + wgi);
+    else
+      wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
     tile_stamp(4);
     g0 += n_kblocks;
   }
