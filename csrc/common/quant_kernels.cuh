@@ -383,9 +383,15 @@ __global__ void __launch_bounds__(kQuantThreads, 6) quant_v_fp8_kernel(QuantFp8P
 // the same result on every run. Thread t keeps the same 8 channels for all its tokens and has its
 // kVScaleRowsPerThread loads in flight together. It replaces ATen's aminmax over the token dim
 // (2.0-2.6 TB/s on the H200) and the four small element-wise launches after it.
-template <typename T, bool SMOOTH>
+// STATS: TokenStats::kAmax (V's scale), kSmooth (V's scale over v - mean, and the mean) or
+// kMeanOnly (K's token mean for smoothing: ATen's mean over the token dim ran at 1.8 TB/s on the
+// H100, 10% of a call at 8x32x1024x128, benchmarks/results/h100-2026-12-06-trace-6f496e1.log).
+enum class TokenStats { kAmax, kSmooth, kMeanOnly };
+template <typename T, TokenStats STATS>
 __global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p) {
-  constexpr int kParts = SMOOTH ? 3 : 1;  // v_scale_partials(SMOOTH)
+  constexpr bool SMOOTH = STATS == TokenStats::kSmooth, kMeanOnly = STATS == TokenStats::kMeanOnly;
+  constexpr bool kSum = SMOOTH || kMeanOnly, kExtrema = !kMeanOnly;
+  constexpr int kParts = SMOOTH ? 3 : 1;  // v_scale_partials(SMOOTH); mean only: the sum
   constexpr int kRows = kVScaleRowsPerThread;
   const int chunk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int D = p.head_dim, chunks_per_row = D / 8;
@@ -410,44 +416,48 @@ __global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p)
   for (int k = 0; k < 8; ++k) { sum[k] = 0.f; lo[k] = inf; hi[k] = SMOOTH ? -inf : 0.f; }
   #pragma unroll
   for (int i = 0; i < kRows; ++i) {
-    const bool valid = n0 + row0 + i * lanes_per_pass < p.tokens;
+    [[maybe_unused]] const bool valid = n0 + row0 + i * lanes_per_pass < p.tokens;
     const uint32_t in[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
     #pragma unroll
     for (int k = 0; k < 8; k += 2) {
       const float2 x = unpack_pair<T>(in[k / 2]);
-      if constexpr (SMOOTH) {
+      if constexpr (kSum) {
         sum[k] += x.x; sum[k + 1] += x.y;
+      }
+      if constexpr (SMOOTH) {
         if (valid) {
           lo[k] = fminf(lo[k], x.x); lo[k + 1] = fminf(lo[k + 1], x.y);
           hi[k] = fmaxf(hi[k], x.x); hi[k + 1] = fmaxf(hi[k + 1], x.y);
         }
-      } else {
+      } else if constexpr (kExtrema) {
         hi[k] = fmaxf(hi[k], fabsf(x.x));
         hi[k + 1] = fmaxf(hi[k + 1], fabsf(x.y));
       }
     }
   }
   // [row][channel] of each statistic, then summed / min'd / max'd over the rows in row order.
-  __shared__ float s_sum[SMOOTH ? kVScaleThreads * 8 : 1];
+  __shared__ float s_sum[kSum ? kVScaleThreads * 8 : 1];
   __shared__ float s_lo[SMOOTH ? kVScaleThreads * 8 : 1];
-  __shared__ float s_hi[kVScaleThreads * 8];
+  __shared__ float s_hi[kExtrema ? kVScaleThreads * 8 : 1];
   __shared__ int s_last;
   const int slot = row0 * D + d0;
   #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    if constexpr (SMOOTH) { s_sum[slot + k] = sum[k]; s_lo[slot + k] = lo[k]; }
-    s_hi[slot + k] = hi[k];
+    if constexpr (kSum) s_sum[slot + k] = sum[k];
+    if constexpr (SMOOTH) s_lo[slot + k] = lo[k];
+    if constexpr (kExtrema) s_hi[slot + k] = hi[k];
   }
   __syncthreads();
   float* part = p.partial + (bh * p.chunks + chunk) * kParts * D;
   for (int d = threadIdx.x; d < D; d += kVScaleThreads) {
     float s = 0.f, l = inf, m = SMOOTH ? -inf : 0.f;
     for (int r = 0; r < lanes_per_pass; ++r) {
-      if constexpr (SMOOTH) { s += s_sum[r * D + d]; l = fminf(l, s_lo[r * D + d]); }
-      m = fmaxf(m, s_hi[r * D + d]);
+      if constexpr (kSum) s += s_sum[r * D + d];
+      if constexpr (SMOOTH) l = fminf(l, s_lo[r * D + d]);
+      if constexpr (kExtrema) m = fmaxf(m, s_hi[r * D + d]);
     }
     if constexpr (SMOOTH) { part[d] = s; part[D + d] = l; part[2 * D + d] = m; }
-    else part[d] = m;
+    else part[d] = kMeanOnly ? s : m;
   }
 
   // The last CTA of this (batch, head) reduces the partials (release: fence, then arrive).
@@ -463,13 +473,15 @@ __global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p)
     #pragma unroll 4
     for (int c = 0; c < p.chunks; ++c) {
       const float* pc = parts + static_cast<int64_t>(c) * kParts * D;
-      if constexpr (SMOOTH) {
-        s += __ldcg(pc + d);
-        l = fminf(l, __ldcg(pc + D + d));
-      }
-      m = fmaxf(m, __ldcg(pc + (kParts - 1) * D + d));
+      if constexpr (kSum) s += __ldcg(pc + d);
+      if constexpr (SMOOTH) l = fminf(l, __ldcg(pc + D + d));
+      if constexpr (kExtrema) m = fmaxf(m, __ldcg(pc + (kParts - 1) * D + d));
     }
     const int64_t o = bh * D + d;
+    if constexpr (kMeanOnly) {
+      p.mean[o] = __fdiv_rn(s, static_cast<float>(p.tokens));
+      continue;
+    }
     float amax = m;
     if constexpr (SMOOTH) {
       const float mean = __fdiv_rn(s, static_cast<float>(p.tokens));
@@ -532,15 +544,26 @@ inline cudaError_t launch_v_scale(const VScaleParams& p, int batch, DType dtype,
                                   cudaStream_t stream) {
   if (!v_scale_kernel_supported(p.head_dim)) return cudaErrorInvalidValue;
   const dim3 grid(p.chunks, p.heads, batch);
-  auto launch = [&](auto smooth_constant) {
-    constexpr bool kSmooth = decltype(smooth_constant)::value;
+  auto launch = [&](auto stats_constant) {
+    constexpr TokenStats kStats = decltype(stats_constant)::value;
     if (dtype == DType::kFloat16)
-      v_scale_kernel<__half, kSmooth><<<grid, kVScaleThreads, 0, stream>>>(p);
+      v_scale_kernel<__half, kStats><<<grid, kVScaleThreads, 0, stream>>>(p);
     else
-      v_scale_kernel<__nv_bfloat16, kSmooth><<<grid, kVScaleThreads, 0, stream>>>(p);
+      v_scale_kernel<__nv_bfloat16, kStats><<<grid, kVScaleThreads, 0, stream>>>(p);
   };
-  if (smooth) launch(std::true_type{});
-  else launch(std::false_type{});
+  if (smooth) launch(std::integral_constant<TokenStats, TokenStats::kSmooth>{});
+  else launch(std::integral_constant<TokenStats, TokenStats::kAmax>{});
+  return cudaGetLastError();
+}
+
+// The token mean [B, H, D] of x (p.v) alone, into p.mean (K smoothing); p.scale is not written.
+inline cudaError_t launch_token_mean(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream) {
+  if (!v_scale_kernel_supported(p.head_dim)) return cudaErrorInvalidValue;
+  const dim3 grid(p.chunks, p.heads, batch);
+  if (dtype == DType::kFloat16)
+    v_scale_kernel<__half, TokenStats::kMeanOnly><<<grid, kVScaleThreads, 0, stream>>>(p);
+  else
+    v_scale_kernel<__nv_bfloat16, TokenStats::kMeanOnly><<<grid, kVScaleThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -137,9 +137,40 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   return {out, scale};
 }
 
-// K mean over tokens in fp32, [B, H, D] contiguous.
+// Mean over tokens in fp32, [B, H, D] contiguous (ATen's).
 inline at::Tensor token_mean(const at::Tensor& x, bool hnd) {
   return at::mean(x, {hnd ? 2 : 1}, false, at::kFloat).contiguous();
+}
+
+using TokenMeanLauncher = cudaError_t (*)(const VScaleParams&, int, DType, cudaStream_t);
+
+// K's mean over tokens for smoothing, fp32 [B, H, D] contiguous: by the family's token-statistics
+// kernel (one pass at memory speed, partials summed in a fixed order: the same bits on every
+// run), or by ATen where that kernel does not apply (head dims whose D / 8 does not divide its
+// thread count, empty tensors).
+inline at::Tensor token_mean(TokenMeanLauncher launch, const at::Tensor& x_in, bool hnd) {
+  const View X0 = view_of(x_in, hnd);
+  if (!v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 || X0.H == 0 ||
+      X0.B > kMaxGridYZ || X0.H > kMaxGridYZ)
+    return token_mean(x_in, hnd);
+  const at::Tensor x = vector_friendly(x_in);
+  const View X = view_of(x, hnd);
+  VScaleParams p{};
+  p.v = x.data_ptr();
+  p.v_sb = X.sb; p.v_sh = X.sh; p.v_sn = X.sn;
+  p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
+  const int64_t chunk_tokens = v_scale_chunk_tokens(static_cast<int>(X.D));
+  p.chunks = (X.N + chunk_tokens - 1) / chunk_tokens;
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor partial = at::empty({X.B, X.H, p.chunks, X.D}, f32);  // one partial: the sum
+  const at::Tensor arrivals = at::zeros({X.B, X.H}, x.options().dtype(at::kInt));
+  at::Tensor mean = at::empty({X.B, X.H, X.D}, f32);
+  p.partial = partial.data_ptr<float>();
+  p.arrivals = arrivals.data_ptr<int>();
+  p.mean = mean.data_ptr<float>();
+  const cudaError_t err = launch(p, X.B, dtype_of(x), at::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "token_mean launch failed: ", cudaGetErrorString(err));
+  return mean;
 }
 
 // LSE correction for K smoothing: lse += (q . km) * sm_scale, with km broadcast over GQA groups.
@@ -259,10 +290,10 @@ struct QuantizedQK {
   at::Tensor q_i8, q_scale, k_i8, k_scale;
 };
 
-inline QuantizedQK quantize_qk(QuantInt8Launcher launch, const at::Tensor& q, const at::Tensor& k,
-                               bool hnd, QuantGran gran, double sm_scale, bool smooth_k) {
+inline QuantizedQK quantize_qk(QuantInt8Launcher launch, TokenMeanLauncher mean_launch, const at::Tensor& q,
+                               const at::Tensor& k, bool hnd, QuantGran gran, double sm_scale, bool smooth_k) {
   QuantizedQK r{view_of(q, hnd), view_of(k, hnd), c10::nullopt, {}, {}, {}, {}};
-  if (smooth_k) r.k_mean = token_mean(k, hnd);
+  if (smooth_k) r.k_mean = token_mean(mean_launch, k, hnd);
   std::tie(r.q_i8, r.q_scale) = quant_int8(launch, q, c10::nullopt, hnd, gran, false, sm_scale * kLog2e);
   std::tie(r.k_i8, r.k_scale) = quant_int8(launch, k, r.k_mean, hnd, gran, true, 1.0);
   return r;
@@ -313,6 +344,7 @@ std::tuple<at::Tensor, at::Tensor> run_attention(const char* op_namespace, const
 using AttnFp8Launcher = cudaError_t (*)(const AttnParams&, PvAccum, DType, cudaStream_t);
 struct Fp8Kernels {
   QuantInt8Launcher quant_int8;
+  TokenMeanLauncher token_mean;
   QuantFp8Launcher quant_v_fp8;
   VScaleLauncher v_scale;
   AttnFp8Launcher attn_hd64, attn_hd128;
@@ -324,7 +356,7 @@ inline std::tuple<at::Tensor, at::Tensor> run_fp8_attention(
     const char* op_namespace, const Fp8Kernels& kernels, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, bool hnd, QuantGran gran, PvAccum accum, bool is_causal, double sm_scale,
     bool smooth_k, bool smooth_v, bool return_lse, double v_max) {
-  const QuantizedQK qk = quantize_qk(kernels.quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  const QuantizedQK qk = quantize_qk(kernels.quant_int8, kernels.token_mean, q, k, hnd, gran, sm_scale, smooth_k);
   at::Tensor v8, v_scale, v_mean;  // not a structured binding: C++17 lambdas cannot capture one
   std::tie(v8, v_scale, v_mean) =
       quant_v_fp8(kernels.quant_v_fp8, kernels.v_scale, v, hnd, smooth_v, v_max);

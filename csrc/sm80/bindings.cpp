@@ -38,7 +38,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::QuantizedQK qk = glue::quantize_qk(&sm80::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  const glue::QuantizedQK qk =
+      glue::quantize_qk(&sm80::quant_int8, &sm80::token_mean, q, k, hnd, gran, sm_scale, smooth_k);
   // 16-bit PV: V as given when fp16, or bf16 with fp32 accumulation (pv_in_bf16); else bf16 V is
   // converted to fp16 for the fp16-accumulating mma (docs/architecture.md).
   const DType od = glue::dtype_of(q);

@@ -51,7 +51,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::Fp8Kernels kernels{&sm89::quant_int8, &sm89::quant_v_fp8, &sm89::v_scale,
+  const glue::Fp8Kernels kernels{&sm89::quant_int8, &sm89::token_mean, &sm89::quant_v_fp8, &sm89::v_scale,
                                   &attn_hd64, &attn_hd128};
   return glue::run_fp8_attention("sageattention_sm89", kernels, q, k, v, hnd, gran, accum, is_causal,
                                  sm_scale, smooth_k, smooth_v, return_lse,

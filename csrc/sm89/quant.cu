@@ -8,6 +8,10 @@ cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStr
   return launch_quant_int8(p, batch, dtype, stream);
 }
 
+cudaError_t token_mean(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream) {
+  return launch_token_mean(p, batch, dtype, stream);
+}
+
 cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStream_t stream) {
   return launch_quant_v_fp8(p, batch, dtype, stream);
 }

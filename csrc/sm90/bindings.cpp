@@ -39,7 +39,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::QuantizedQK qk = glue::quantize_qk(&sm90::quant_int8, q, k, hnd, gran, sm_scale, smooth_k);
+  const glue::QuantizedQK qk =
+      glue::quantize_qk(&sm90::quant_int8, &sm90::token_mean, q, k, hnd, gran, sm_scale, smooth_k);
   // "fp32" accumulation: V as given, fp16 or bf16 (check_qkv: q's dtype), P.V in that type.
   const DType dtype = glue::dtype_of(q);
   const at::Tensor v16 = glue::tma_friendly(v);  // the kernel may read V by tensor map (SAGE_WG_TMA)

@@ -8,6 +8,8 @@
 namespace sage::sm90 {
 
 cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
+// K's token mean [B, H, D] fp32 for smoothing (the shared token-statistics kernel, mean only)
+cudaError_t token_mean(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream);
 // INT8 QK^T, 16-bit PV with "fp32" accumulation (the only mode): P.V in fp16 for float16 inputs,
 // in bf16 on V as given for bfloat16 (pv_in_bf16); the output has the inputs' dtype.
 cudaError_t attn_hd64(const AttnParams& p, DType dtype, cudaStream_t stream);

@@ -50,8 +50,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const glue::Fp8Kernels kernels{&sm90_fp8::quant_int8, &sm90_fp8::quant_v_fp8, &sm90_fp8::v_scale,
-                                  &attn_hd64, &attn_hd128};
+  const glue::Fp8Kernels kernels{&sm90_fp8::quant_int8, &sm90_fp8::token_mean, &sm90_fp8::quant_v_fp8,
+                                  &sm90_fp8::v_scale, &attn_hd64, &attn_hd128};
   return glue::run_fp8_attention(kNamespace, kernels, q, k, v, hnd, gran, accum, is_causal, sm_scale,
                                  smooth_k, smooth_v, return_lse, glue::kFp8Max);
 }
