@@ -131,6 +131,15 @@ __device__ __forceinline__ float score_to_f32(int32_t x) { return static_cast<fl
 struct CtaTile {
   int b, h, hkv, q0, n_kblocks;
   int64_t bh, bhkv;  // (batch, q head) and (batch, kv head) row indices
+  CtaTile() = default;
+  // A tile decoded elsewhere (the persistent kernel's producer hands its fields to the consumers).
+  __device__ __forceinline__ static CtaTile of(const AttnParams& p, int b, int h, int hkv, int q0, int n_kblocks) {
+    CtaTile c;
+    c.b = b; c.h = h; c.hkv = hkv; c.q0 = q0; c.n_kblocks = n_kblocks;
+    c.bh = static_cast<int64_t>(b) * p.q_heads + h;
+    c.bhkv = static_cast<int64_t>(b) * p.kv_heads + hkv;
+    return c;
+  }
   // The tile of this CTA's place in the (query blocks, q heads, batch) grid.
   __device__ __forceinline__ CtaTile(const AttnParams& p, int cta_q, int block_k)
       : CtaTile(p, cta_q, block_k, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x) {}

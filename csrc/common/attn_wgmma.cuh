@@ -49,7 +49,11 @@ namespace sage {
 #ifndef SAGE_WG_STAGED_STORE
 // WS kernel: each consumer warpgroup's output tile goes through shared memory and out as 16-byte
 // stores (wg::store_rows_staged), instead of 4-byte stores straight from the accumulators.
-#define SAGE_WG_STAGED_STORE 0
+// 0: never; 1: always; 2 (default): where the CTA has at most two consumer warpgroups. H100,
+// 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-5c93194-native.log): the sm90_fp8 family
+// 1.067x geomean over ten cases (0.985-1.155), the sm90 family 1.00-1.07x at d=128 (two
+// warpgroups) but 0.92 / 0.94x at d=64, where it runs three.
+#define SAGE_WG_STAGED_STORE 2
 #endif
 #ifndef SAGE_WG_KS_PREFETCH
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
@@ -935,9 +939,11 @@ struct WgmmaWsTraits {
   // full K, full V, empty per K/V stage; full and empty per Q buffer; then (persistent) the tile of
   // each Q buffer (int64, the dynamic scheduler's hand-over)
   static constexpr int kTileSlotOffset = (3 * STAGES + 2 * kQStages) * 8;
-  static constexpr int kBarBytes = kTileSlotOffset + (PERSISTENT ? 8 * kQStages : 0);
+  static constexpr int kTileSlotBytes = 32;  // the kernel's TileSlot
+  static constexpr int kBarBytes = kTileSlotOffset + (PERSISTENT ? kTileSlotBytes * kQStages : 0);
   // SAGE_WG_STAGED_STORE: each consumer warpgroup's output tile (64 rows of 16-bit values)
-  static constexpr int kOBytes = SAGE_WG_STAGED_STORE ? NWG * 64 * HEAD_DIM * 2 : 0;
+  static constexpr bool kStagedStore = SAGE_WG_STAGED_STORE == 1 || (SAGE_WG_STAGED_STORE == 2 && NWG <= 2);
+  static constexpr int kOBytes = kStagedStore ? NWG * 64 * HEAD_DIM * 2 : 0;
   static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kOBytes + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
   static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
@@ -1047,8 +1053,21 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   auto full_q = [&](int qs) { return bars + 8 * (3 * STAGES + qs); };
   auto q_empty = [&](int qs) { return bars + 8 * (3 * STAGES + Tr::kQStages + qs); };
   // the tile whose Q is in buffer qs (dynamic scheduler; written by producer thread 0)
-  auto tile_slot = [&](int qs) -> volatile int64_t& {
-    return *reinterpret_cast<volatile int64_t*>(smem_raw + (bars - smem_u32(smem_raw)) + Tr::kTileSlotOffset + 8 * qs);
+  // Its index (-1: none left) and its fields, decoded once by the producer: the consumers' own
+  // decoding (64-bit divisions) sat in the ~1000-1200 cycles between a tile's start and its first
+  // K in the H100 traces (benchmarks/results/h100-2026-12-06-tune-5c93194-trace.log).
+  struct TileSlot {
+    int64_t tile;
+    int b, h, hkv, q0, n_kblocks, unused;
+  };
+  static_assert(sizeof(TileSlot) == Tr::kTileSlotBytes, "TileSlot layout");
+  auto tile_slot = [&](int qs) -> volatile TileSlot& {
+    return *reinterpret_cast<volatile TileSlot*>(smem_raw + (bars - smem_u32(smem_raw)) + Tr::kTileSlotOffset +
+                                                 Tr::kTileSlotBytes * qs);
+  };
+  auto slot_tile = [&](int qs) {
+    const volatile TileSlot& s = tile_slot(qs);
+    return CtaTile::of(p, s.b, s.h, s.hkv, s.q0, s.n_kblocks);
   };
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1100,11 +1119,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       if constexpr (kDynamic) {
         if (ptid == 0) {
           const unsigned long long next = atomicAdd(tile_counter, 1ull);
-          tile_slot(qs) = next < static_cast<unsigned long long>(n_tiles) ? static_cast<int64_t>(next) : -1;
+          volatile TileSlot& slot = tile_slot(qs);
+          if (next < static_cast<unsigned long long>(n_tiles)) {
+            const CtaTile c = tile_at(static_cast<int64_t>(next));
+            slot.b = c.b; slot.h = c.h; slot.hkv = c.hkv; slot.q0 = c.q0; slot.n_kblocks = c.n_kblocks;
+            slot.tile = static_cast<int64_t>(next);
+          } else {
+            slot.tile = -1;
+          }
           if constexpr (!kTma) sm90::mbar_arrive(full_q(qs));  // releases the slot to the consumers
         }
         if constexpr (!kTma) sm90::named_sync(kProducerBarrier, 128);  // the other producer threads read it
-        tile = tile_slot(qs);
+        tile = tile_slot(qs).tile;
         if (tile < 0) {  // no tile left: the consumers see -1 in the slot and stop too
           // every producer thread still in the loop (TMA: thread 0, whose arrival is the phase;
           // cp.async: all 128, which with thread 0's slot arrival make the 129)
@@ -1112,7 +1138,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           break;
         }
       }
-      const CtaTile cta = tile_at(tile);
+      const CtaTile cta = kDynamic ? slot_tile(qs) : tile_at(tile);
       const int n_kblocks = cta.n_kblocks;
       const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
       // K/V block kb goes to stage (g0 + kb) % STAGES once that stage's last reader is done
@@ -1193,10 +1219,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     const int qs = it % Tr::kQStages;
     if constexpr (kDynamic) {
       sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);  // Q landed, the slot written
-      tile = tile_slot(qs);
+      tile = tile_slot(qs).tile;
       if (tile < 0) break;
     }
-    const CtaTile cta = tile_at(tile);
+    const CtaTile cta = kDynamic ? slot_tile(qs) : tile_at(tile);
     const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
     const int64_t bh = cta.bh, bhkv = cta.bhkv;
     const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
@@ -1493,7 +1519,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if (tracer) trace_buf.block_count[wgi] = max(0, min(wg_trace::kBlocks, n_kblocks - wg_trace::kFirst));
 #endif
     if constexpr (PERSISTENT) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
-    if (SAGE_WG_STAGED_STORE && wg::out_16b_aligned<OutT>(p))
+    if (Tr::kStagedStore && wg::out_16b_aligned<OutT>(p))
       wg::store_rows_staged<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, q0 + wgi * 64, wq, g, t, bhkv,
                                                   sO + wgi * 64 * HEAD_DIM * 2, kStoreBarrier + wgi);
     else
