@@ -77,8 +77,19 @@ def geomean(values) -> float | None:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def cuda_timer(warmup_ms: float = 25, rep_ms: float = 100) -> Callable[[Callable], float]:
-    """Median milliseconds of ``fn``: triton.testing.do_bench, else CUDA events."""
+# Each timing's own warm-up (the function timed, run for this long first). With 25 ms, on an H100
+# (benchmarks/results/h100-2026-12-06-order-{6f496e1,5c93194}.log, 4x32x4096x128 fp16) whatever was
+# timed right after SDPA ran 4-6% slower than the same function timed after anything else, SDPA
+# itself included (1.949 against 1.880 ms), and SDPA timed after a quantized kernel ran at 1.905 ms
+# against 1.945-1.963 after 100-250 ms of itself: a short warm-up measures part of the previous
+# function's clock state. With 100 ms the after-SDPA step was gone (sageattn 1.849 ms right after
+# SDPA, 1.864 otherwise; 250 ms: 1.836 / 1.905), so each function is timed in its own steady state.
+TIMER_WARMUP_MS = 100.0
+
+
+def cuda_timer(warmup_ms: float = TIMER_WARMUP_MS, rep_ms: float = 100) -> Callable[[Callable], float]:
+    """Median milliseconds of ``fn``: triton.testing.do_bench, else CUDA events. The returned
+    timer's ``description`` names its warm-up and repetition times (for reports)."""
     try:
         from triton.testing import do_bench
     except ImportError:
@@ -89,6 +100,7 @@ def cuda_timer(warmup_ms: float = 25, rep_ms: float = 100) -> Callable[[Callable
             return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
         return _event_median(fn, warmup_ms, rep_ms)
 
+    timer.description = f"{warmup_ms:g} ms of warm-up and {rep_ms:g} ms of repetitions per timing"
     return timer
 
 
@@ -201,6 +213,7 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
     return {
         "method": ("end to end incl. quantization, same inputs, one process; median of "
                    "triton.testing.do_bench (CUDA events without Triton)"
+                   + (f", {timer.description}" if getattr(timer, "description", None) else "")
                    + (f", median of {rounds} interleaved rounds" if rounds > 1 else "")
                    + "; TOPS = 4*b*h*n*n*d / time, halved for causal"),
         "rounds": rounds,
@@ -409,7 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "sdpa; those that cannot run here are reported with the reason); "
                         f"BACKEND{MODE_SEPARATOR}ACCUM times that backend with pv_accum_dtype=ACCUM, "
                         f"e.g. cuda-sm80-fp16{MODE_SEPARATOR}fp16")
-    p.add_argument("--warmup-ms", type=float, default=25.0)
+    p.add_argument("--warmup-ms", type=float, default=TIMER_WARMUP_MS,
+                   help=f"each timing's own warm-up (default {TIMER_WARMUP_MS:g}: with 25 the function timed "
+                        "right after SDPA ran 4-6%% slow on an H100)")
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--rounds", type=rounds_arg, default=3,
                    help="time every kernel this many times per case, interleaved, and keep the "

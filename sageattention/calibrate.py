@@ -169,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when measuring, also write the raw benchmark JSON here (commit it to let "
                         "anyone rebuild the table with --from-benchmark)")
     p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
-    p.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warm-up per timing")
+    p.add_argument("--warmup-ms", type=float, default=benchmark.TIMER_WARMUP_MS,
+                   help=f"do_bench warm-up per timing (default {benchmark.TIMER_WARMUP_MS:g}, "
+                        "python -m sageattention.benchmark's)")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per timing")
     p.add_argument("--rounds", type=benchmark.rounds_arg, default=DEFAULT_ROUNDS,
                    help="time every backend this many times per shape, interleaved, and keep the "

@@ -136,10 +136,10 @@ def performance_section(ctx: Context) -> dict:
         else:  # each native backend forced too: the default dispatch may pick SDPA or a Triton
             # kernel (calibration); the Triton kernels every wheel carries are timed forced as well
             others = list(ctx.native_names) + [b for b in TRITON_BACKENDS if b not in ctx.native_names]
-        # 25 ms of warm-up in both profiles: with 10 (quick) the entry timed right after SDPA ran
-        # 5-12% slow in every round of the 2026-12-05 H100 reports, even when it ran SDPA itself
-        # (4x32x4096x128 causal: 1.06 ms against 0.95); the CLI's 25 ms showed no such step.
-        timer = benchmark.cuda_timer(25, 40 if quick else 100)
+        # The CLI's warm-up in both profiles (benchmark.TIMER_WARMUP_MS): with a short one the
+        # entry timed right after SDPA ran slow in every round, even when it ran SDPA itself (10 ms:
+        # 5-12% in the 2026-12-05 H100 reports; 25 ms: 4-6%, 2026-12-06).
+        timer = benchmark.cuda_timer(benchmark.TIMER_WARMUP_MS, 40 if quick else 100)
         perf = benchmark.run(cases, api=ctx.api, device=ctx.device, timer=timer,
                              primary=primary, others=others, rounds=ctx.profile.perf_rounds)
         perf["quick"] = quick

@@ -546,3 +546,22 @@ def test_shipped_table_is_exactly_what_its_generated_line_regenerates(path, tmp_
     regenerated["_generated"] = data["_generated"]  # quotes its own --out path
     assert regenerated == data
 
+
+
+def test_timings_name_their_warm_up_and_every_command_defaults_to_the_same_one():
+    timer = benchmark.cuda_timer(100, 40)
+    assert timer.description == "100 ms of warm-up and 40 ms of repetitions per timing"
+    calls = []
+
+    def fake_timer(fn):
+        calls.append(fn)
+        return 1.0
+
+    fake_timer.description = timer.description
+    result = benchmark.run([], api=None, device=torch.device("cpu"), timer=fake_timer, rounds=2)
+    assert "100 ms of warm-up and 40 ms of repetitions per timing" in result["method"]
+    assert "median of 2 interleaved rounds" in result["method"]
+    plain = benchmark.run([], api=None, device=torch.device("cpu"), timer=lambda fn: 1.0)
+    assert "warm-up" not in plain["method"]  # a timer without a description claims none
+    assert benchmark.build_parser().parse_args([]).warmup_ms == benchmark.TIMER_WARMUP_MS == 100
+    assert calibrate.build_parser().parse_args(["--out", "x.json"]).warmup_ms == benchmark.TIMER_WARMUP_MS
