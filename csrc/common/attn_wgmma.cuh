@@ -55,6 +55,13 @@ namespace sage {
 // warpgroups) but 0.92 / 0.94x at d=64, where it runs three.
 #define SAGE_WG_STAGED_STORE 2
 #endif
+#ifndef SAGE_WG_TILE_SLOT
+// Dynamic scheduler (SAGE_WG_PERSISTENT 2): 1, the producer decodes each tile and hands its fields
+// to the consumers; 0 (default), it hands over the tile's index and every role decodes it. On an
+// H100 1 was level at d=128 (0.98-1.01x) and 7-11% slower at d=64, three consumer warpgroups
+// (benchmarks/results/h100-2026-12-06-tune-knobs-f3f2291-native.log, variant ns).
+#define SAGE_WG_TILE_SLOT 0
+#endif
 #ifndef SAGE_WG_KS_PREFETCH
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
 #endif
@@ -1053,9 +1060,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   auto full_q = [&](int qs) { return bars + 8 * (3 * STAGES + qs); };
   auto q_empty = [&](int qs) { return bars + 8 * (3 * STAGES + Tr::kQStages + qs); };
   // the tile whose Q is in buffer qs (dynamic scheduler; written by producer thread 0)
-  // Its index (-1: none left) and its fields, decoded once by the producer: the consumers' own
-  // decoding (64-bit divisions) sat in the ~1000-1200 cycles between a tile's start and its first
-  // K in the H100 traces (benchmarks/results/h100-2026-12-06-tune-5c93194-trace.log).
+  // Its index (-1: none left) and, with SAGE_WG_TILE_SLOT, its fields decoded by the producer
+  // (tried against the consumers' own decoding, 64-bit divisions, in the ~1000-1200 cycles
+  // between a tile's start and its first K of benchmarks/results/h100-2026-12-06-tune-5c93194-trace.log).
   struct TileSlot {
     int64_t tile;
     int b, h, hkv, q0, n_kblocks, unused;
@@ -1121,8 +1128,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           const unsigned long long next = atomicAdd(tile_counter, 1ull);
           volatile TileSlot& slot = tile_slot(qs);
           if (next < static_cast<unsigned long long>(n_tiles)) {
-            const CtaTile c = tile_at(static_cast<int64_t>(next));
-            slot.b = c.b; slot.h = c.h; slot.hkv = c.hkv; slot.q0 = c.q0; slot.n_kblocks = c.n_kblocks;
+            if constexpr (SAGE_WG_TILE_SLOT != 0) {
+              const CtaTile c = tile_at(static_cast<int64_t>(next));
+              slot.b = c.b; slot.h = c.h; slot.hkv = c.hkv; slot.q0 = c.q0; slot.n_kblocks = c.n_kblocks;
+            }
             slot.tile = static_cast<int64_t>(next);
           } else {
             slot.tile = -1;
@@ -1138,7 +1147,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           break;
         }
       }
-      const CtaTile cta = kDynamic ? slot_tile(qs) : tile_at(tile);
+      const CtaTile cta = kDynamic && SAGE_WG_TILE_SLOT ? slot_tile(qs) : tile_at(tile);
       const int n_kblocks = cta.n_kblocks;
       const uint32_t sQ = sQ0 + qs * Tr::kQBytes;
       // K/V block kb goes to stage (g0 + kb) % STAGES once that stage's last reader is done
@@ -1222,7 +1231,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       tile = tile_slot(qs).tile;
       if (tile < 0) break;
     }
-    const CtaTile cta = kDynamic ? slot_tile(qs) : tile_at(tile);
+    const CtaTile cta = kDynamic && SAGE_WG_TILE_SLOT ? slot_tile(qs) : tile_at(tile);
     const int b = cta.b, h = cta.h, q0 = cta.q0, n_kblocks = cta.n_kblocks;
     const int64_t bh = cta.bh, bhkv = cta.bhkv;
     const uint32_t sQ = sQ0 + qs * Tr::kQBytes;

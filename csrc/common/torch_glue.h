@@ -144,13 +144,17 @@ inline at::Tensor token_mean(const at::Tensor& x, bool hnd) {
 
 using TokenMeanLauncher = cudaError_t (*)(const VScaleParams&, int, DType, cudaStream_t);
 
+#ifndef SAGE_TOKEN_MEAN_KERNEL
+#define SAGE_TOKEN_MEAN_KERNEL 1  // tuning builds: 0 takes K's mean from ATen, as before 2026-12-06
+#endif
+
 // K's mean over tokens for smoothing, fp32 [B, H, D] contiguous: by the family's token-statistics
 // kernel (one pass at memory speed, partials summed in a fixed order: the same bits on every
 // run), or by ATen where that kernel does not apply (head dims whose D / 8 does not divide its
 // thread count, empty tensors).
 inline at::Tensor token_mean(TokenMeanLauncher launch, const at::Tensor& x_in, bool hnd) {
   const View X0 = view_of(x_in, hnd);
-  if (!v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 || X0.H == 0 ||
+  if (!SAGE_TOKEN_MEAN_KERNEL || !v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 || X0.H == 0 ||
       X0.B > kMaxGridYZ || X0.H > kMaxGridYZ)
     return token_mean(x_in, hnd);
   const at::Tensor x = vector_friendly(x_in);
