@@ -55,6 +55,12 @@ namespace sage {
 // warpgroups) but 0.92 / 0.94x at d=64, where it runs three.
 #define SAGE_WG_STAGED_STORE 2
 #endif
+#ifndef SAGE_WG_TMA_STORE
+// With SAGE_WG_TMA and the staged store: the warpgroup's output tile leaves shared memory by the
+// bulk tensor copy engine (one thread issues it, the warpgroup goes on) instead of 16-byte stores
+// by every thread. 0: off.
+#define SAGE_WG_TMA_STORE 0
+#endif
 #ifndef SAGE_WG_TILE_SLOT
 // Dynamic scheduler (SAGE_WG_PERSISTENT 2): 1, the producer decodes each tile and hands its fields
 // to the consumers; 0 (default), it hands over the tile's index and every role decodes it. On an
@@ -720,44 +726,62 @@ __device__ __forceinline__ bool out_16b_aligned(const AttnParams& p) {
 }
 
 // The same epilogue for a consumer warpgroup's 64 rows from wg_row0 (SAGE_WG_STAGED_STORE): the
-// thread's words go to the warpgroup's tile in shared memory (`stage`, 64 rows of HEAD_DIM
-// values; 16-byte chunk c of row r stored at chunk c ^ (r % 8), so the 8 rows a warp writes at once
-// fall in distinct banks), then each thread copies whole 16-byte chunks out, so a warp's store
-// covers two (d=128) or four (d=64) rows' contiguous bytes. The direct path's 4-byte stores touch
-// 8 rows per warp instruction; in the H100 trace (benchmarks/results/h100-2026-12-06-trace-6f496e1.log)
-// its stores took ~2300-4200 cycles per tile, ~10% of a tile at n=1024.
+// thread's words go to the warpgroup's tile in shared memory (`stage`), then out as whole 16-byte
+// chunks, so a warp's store covers two (d=128) or four (d=64) rows' contiguous bytes. The direct
+// path's 4-byte stores touch 8 rows per warp instruction; in the H100 trace
+// (benchmarks/results/h100-2026-12-06-trace-6f496e1.log) they took ~2300-4200 cycles per tile,
+// ~10% of a tile at n=1024. The tile is laid out as the copy engine's 128B-swizzled boxes of 64
+// channels x 64 rows (chunk c of row r in box c / 8, at chunk (c % 8) ^ (r % 8) of the row's 128
+// bytes): the 8 rows a warp writes at once fall in distinct banks, and with `tma` (the output's
+// map, SAGE_WG_TMA_STORE) thread 0 of the warpgroup hands the boxes to the copy engine instead.
 // `barrier`: a named barrier of this warpgroup's 128 threads. The caller checked out_16b_aligned.
+template <int HEAD_DIM>
+__device__ __forceinline__ uint32_t staged_chunk(uint32_t stage, int lrow, int c) {
+  return stage + (c / 8) * (64 * 128) + lrow * 128 + (((c % 8) ^ (lrow & 7)) << 4);
+}
 template <int HEAD_DIM, typename OutT, bool FP8 = false>
 __device__ __forceinline__ void store_rows_staged(const AttnParams& p, const float (&o)[HEAD_DIM / 2],
                                                   const float (&l_run)[2], const float (&m_run)[2], int b, int h,
                                                   int64_t bh, int wg_row0, int wq, int g, int t, int64_t bhkv,
-                                                  uint32_t stage, int barrier) {
-  constexpr int kChunks = HEAD_DIM / 8, kRowBytes = HEAD_DIM * 2;
-  static_assert(kChunks >= 8, "the swizzle XORs the chunk index with the row's low 3 bits");
-  sm90::named_sync(barrier, 128);  // every thread has read the warpgroup's previous tile out
+                                                  uint32_t stage, int barrier, const CUtensorMap* tma = nullptr) {
+  constexpr int kChunks = HEAD_DIM / 8;
+  static_assert(HEAD_DIM % 64 == 0, "whole 64-channel boxes");
+  const int ti = threadIdx.x & 127;
+  // every thread has read the warpgroup's previous tile out (or, with the copy engine, its
+  // issuing thread has seen the boxes read)
+  if (tma != nullptr && ti == 0) sm90::tma_store_wait_all<true>();
+  sm90::named_sync(barrier, 128);
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const RowNorm<FP8> norm(l_run[r]);
     const int lrow = wq * 16 + g + 8 * r;  // lrow % 8 == g
-    const uint32_t row_addr = stage + lrow * kRowBytes + 4 * t;
     #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const uint32_t word = out_pair<HEAD_DIM, OutT, FP8>(p, o, norm.inv, r, j, t, bhkv);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_addr + ((j ^ g) << 4)), "r"(word) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_chunk<HEAD_DIM>(stage, lrow, j) + 4 * t), "r"(word)
+                   : "memory");
     }
     const int row = wg_row0 + lrow;
     if (p.lse && t == 0 && row < p.q_len) store_lse(p, bh, row, norm.l_true, m_run[r]);
   }
+  if (tma != nullptr) fence_proxy_async_smem();  // the words -> the copy engine's reads
   sm90::named_sync(barrier, 128);  // the tile is in shared memory
+  if (tma != nullptr) {
+    if (ti == 0) {
+      #pragma unroll
+      for (int box = 0; box < HEAD_DIM / 64; ++box) sm90::tma_store_4d(tma, stage + box * 64 * 128, box * 64, wg_row0, h, b);
+      sm90::tma_store_commit();
+    }
+    return;
+  }
   OutT* out = reinterpret_cast<OutT*>(p.out) + b * p.o_sb + h * p.o_sh;
-  const int ti = threadIdx.x & 127;
   #pragma unroll
   for (int i = 0; i < 64 * kChunks / 128; ++i) {
     const int idx = i * 128 + ti, lrow = idx / kChunks, c = idx % kChunks;
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(stage + lrow * kRowBytes + ((c ^ (lrow & 7)) << 4))
+                 : "r"(staged_chunk<HEAD_DIM>(stage, lrow, c))
                  : "memory");
     const int row = wg_row0 + lrow;
     if (row < p.q_len) *reinterpret_cast<uint4*>(out + row * p.o_sn + c * 8) = v;
@@ -979,6 +1003,8 @@ struct WgmmaWsTraits {
 // kernel parameters (TMA reads a map from parameter space). NoTmaMaps: the cp.async path.
 struct WsTmaMaps {
   CUtensorMap q, k, v;
+  CUtensorMap o;  // SAGE_WG_TMA_STORE: the output, when o_ok
+  int o_ok;
 };
 struct NoTmaMaps {};
 // Whether the kernel for P.V type PV takes the TMA path: a variable template, so that the maps'
@@ -1528,13 +1554,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     if (tracer) trace_buf.block_count[wgi] = max(0, min(wg_trace::kBlocks, n_kblocks - wg_trace::kFirst));
 #endif
     if constexpr (PERSISTENT) sm90::mbar_arrive(q_empty(qs));  // the tile's last QK is done
-    if (Tr::kStagedStore && wg::out_16b_aligned<OutT>(p))
+    if (Tr::kStagedStore && wg::out_16b_aligned<OutT>(p)) {
+      const CUtensorMap* o_map = nullptr;
+      if constexpr (kTma && SAGE_WG_TMA_STORE != 0) o_map = maps.o_ok ? &maps.o : nullptr;
       wg::store_rows_staged<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, q0 + wgi * 64, wq, g, t, bhkv,
-                                                  sO + wgi * 64 * HEAD_DIM * 2, kStoreBarrier + wgi);
-    else
+                                                  sO + wgi * 64 * HEAD_DIM * 2, kStoreBarrier + wgi, o_map);
+    } else
       wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
     tile_stamp(4);
     g0 += n_kblocks;
+  }
+  if constexpr (kTma && SAGE_WG_TMA_STORE != 0) {
+    // the output boxes in flight read this CTA's shared memory: done before it exits
+    if (Tr::kStagedStore && maps.o_ok && (tid & 127) == 0) sm90::tma_store_wait_all<false>();
   }
 #if SAGE_WG_TRACE >= 0
   if (tile_tracer) {
@@ -1613,6 +1645,10 @@ cudaError_t launch_attn_wgmma_ws(const AttnParams& p, cudaStream_t stream) {
         return cudaErrorNotSupported;
       }
     }
+    // The output's map (SAGE_WG_TMA_STORE): an output the encoder refuses takes the 16-byte stores.
+    maps.o_ok = SAGE_WG_TMA_STORE != 0 && Tr::kStagedStore &&
+                sm90::encode_v16_map(&maps.o, p.out, HEAD_DIM, p.q_len, p.q_heads, p.batch, p.o_sn, p.o_sh, p.o_sb,
+                                     64) == CUDA_SUCCESS;
   }
   // Persistent (a tuning knob): 1 for non-causal calls, 2 (dynamic tile scheduler) for every call;
   // the persistent kernel is instantiated only in builds that ask for it.

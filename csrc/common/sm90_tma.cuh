@@ -44,6 +44,30 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// The box of `map` at (c0, c1, c2, c3) written from shared memory at `src` (the 4-D map of an
+// output, encode_v16_map), in this thread's bulk group; rows past the map's end are not written.
+// `src` must be visible to the async proxy (fence.proxy.async.shared::cta after the stores).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void tma_store_commit() {
+#ifdef SAGE_HAS_WGMMA
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Until this thread's bulk groups have read their shared memory (READ) or are done (else).
+template <bool READ>
+__device__ __forceinline__ void tma_store_wait_all() {
+#ifdef SAGE_HAS_WGMMA
+  if constexpr (READ) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // ---- host ----
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none). Only a
@@ -85,6 +109,7 @@ inline CUresult encode_byte_map(CUtensorMap* map, const void* base, uint64_t row
 // A 4-D map of 16-bit V [batch][heads][tokens][head_dim] with the caller's element strides (the
 // head dim contiguous; torch_glue.h guarantees 16-byte strides and base), read as boxes of 64
 // channels (128 bytes, 128B swizzle: one MN-major atom of the wgmma B tile) x box_rows tokens.
+// (Also the output's map for SAGE_WG_TMA_STORE: 64 channels x 64 rows per box.)
 // Tokens past `tokens` arrive as zeros (P is 0 there, and V must not be NaN). The strides need not
 // grow with the dimension (NHD: the head stride is the smallest), but a dimension of extent > 1
 // must not have stride 0 (torch_glue.h's tma_friendly copies such a V).
