@@ -100,6 +100,7 @@ def cuda_timer(warmup_ms: float = TIMER_WARMUP_MS, rep_ms: float = 100) -> Calla
             return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
         return _event_median(fn, warmup_ms, rep_ms)
 
+    timer.warmup_ms, timer.rep_ms = float(warmup_ms), float(rep_ms)
     timer.description = f"{warmup_ms:g} ms of warm-up and {rep_ms:g} ms of repetitions per timing"
     return timer
 
@@ -217,6 +218,8 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
                    + (f", median of {rounds} interleaved rounds" if rounds > 1 else "")
                    + "; TOPS = 4*b*h*n*n*d / time, halved for causal"),
         "rounds": rounds,
+        **({"timer": {"warmup_ms": timer.warmup_ms, "rep_ms": timer.rep_ms}}
+           if hasattr(timer, "warmup_ms") and hasattr(timer, "rep_ms") else {}),
         "baseline": "torch.nn.functional.scaled_dot_product_attention, default backend",
         "primary_backend": primary or "default dispatch",
         "cases": rows,

@@ -58,7 +58,10 @@ namespace sage {
 #ifndef SAGE_WG_TMA_STORE
 // With SAGE_WG_TMA and the staged store: the warpgroup's output tile leaves shared memory by the
 // bulk tensor copy engine (one thread issues it, the warpgroup goes on) instead of 16-byte stores
-// by every thread. 0: off.
+// by every thread. 0: off. On an H100 (benchmarks/results/h100-2026-12-06-tune-ae9f72f-native.log):
+// the sm90 family 1.01-1.04x at d=128 but for 0.98x at 1x32x16384x128, the sm90_fp8 family
+// 0.96-1.05x (and 4 spilled bytes in its two-level d=128 kernels). Not on by default yet: the
+// shipped calibration and validation ran without it.
 #define SAGE_WG_TMA_STORE 0
 #endif
 #ifndef SAGE_WG_TILE_SLOT

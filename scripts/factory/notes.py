@@ -243,9 +243,12 @@ def _performance_section(report, perf, ptx, gpu, add) -> None:
     geo = perf.get("geomean_speedup_vs_sdpa")
     speeds = [c["speedup_vs_sdpa"] for c in cases if c.get("speedup_vs_sdpa") is not None]
     rounds = perf.get("rounds") or 1
+    timer = perf.get("timer") or {}
     add(f"Measured on the {gpu}, end to end (quantization included), against PyTorch SDPA's "
         f"default backend on the same inputs in the same process; median of "
         f"`triton.testing.do_bench`"
+        + (f" (each timing after {timer['warmup_ms']:g} ms of warm-up, over {timer['rep_ms']:g} ms)"
+           if timer.get("warmup_ms") is not None and timer.get("rep_ms") is not None else "")
         + (f", then the median of {rounds} interleaved rounds" if rounds > 1 else "")
         + "; TOPS = 4·b·h·n²·d / time (halved for causal).")
     add("")

@@ -558,10 +558,12 @@ def test_timings_name_their_warm_up_and_every_command_defaults_to_the_same_one()
         return 1.0
 
     fake_timer.description = timer.description
+    fake_timer.warmup_ms, fake_timer.rep_ms = timer.warmup_ms, timer.rep_ms
     result = benchmark.run([], api=None, device=torch.device("cpu"), timer=fake_timer, rounds=2)
     assert "100 ms of warm-up and 40 ms of repetitions per timing" in result["method"]
     assert "median of 2 interleaved rounds" in result["method"]
+    assert result["timer"] == {"warmup_ms": 100.0, "rep_ms": 40.0}
     plain = benchmark.run([], api=None, device=torch.device("cpu"), timer=lambda fn: 1.0)
-    assert "warm-up" not in plain["method"]  # a timer without a description claims none
+    assert "warm-up" not in plain["method"] and "timer" not in plain  # a bare timer claims none
     assert benchmark.build_parser().parse_args([]).warmup_ms == benchmark.TIMER_WARMUP_MS == 100
     assert calibrate.build_parser().parse_args(["--out", "x.json"]).warmup_ms == benchmark.TIMER_WARMUP_MS

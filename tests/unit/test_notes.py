@@ -177,6 +177,16 @@ def test_the_number_of_timing_rounds_is_stated_when_there_were_several():
             in notes.render(doc, f"{STEM90}.report.json"))
 
 
+def test_the_timings_warm_up_is_stated_when_the_report_records_it():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    doc["performance"].pop("timer", None)
+    assert "of warm-up" not in notes.render(doc, f"{STEM90}.report.json")  # older reports say nothing
+    doc["performance"]["timer"] = {"warmup_ms": 100.0, "rep_ms": 40.0}
+    doc["performance"]["rounds"] = 3
+    assert ("median of `triton.testing.do_bench` (each timing after 100 ms of warm-up, over 40 ms), "
+            "then the median of 3 interleaved rounds" in notes.render(doc, f"{STEM90}.report.json"))
+
+
 def test_cases_where_sageattn_ran_sdpa_are_said_so():
     doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
     assert "ran PyTorch SDPA itself" not in note_for(STEM90)  # the fixture's cases ran kernels
