@@ -772,7 +772,8 @@ __device__ __forceinline__ void store_rows_staged(const AttnParams& p, const flo
   if (tma != nullptr) {
     if (ti == 0) {
       #pragma unroll
-      for (int box = 0; box < HEAD_DIM / 64; ++box) sm90::tma_store_4d(tma, stage + box * 64 * 128, box * 64, wg_row0, h, b);
+      for (int box = 0; box < HEAD_DIM / 64; ++box)
+        sm90::tma_store_4d(tma, stage + box * 64 * 128, box * 64, wg_row0, h, b);
       sm90::tma_store_commit();
     }
     return;
@@ -1022,7 +1023,8 @@ inline constexpr bool kWsTma = SAGE_WG_TMA != 0;
 // O ("fp32").
 #if SAGE_WG_TRACE >= 0
 namespace wg_trace {
-constexpr int kFirst = SAGE_WG_TRACE_FIRST, kBlocks = 16, kTiles = SAGE_WG_TRACE_TILES;  // K blocks kFirst.. of the first tile
+// K blocks kFirst.. of the first tile, and the first kTiles tiles
+constexpr int kFirst = SAGE_WG_TRACE_FIRST, kBlocks = 16, kTiles = SAGE_WG_TRACE_TILES;
 constexpr int kWgs = 4;  // consumer warpgroups a CTA can have
 // One per module (static: each .cu has its own, read by its own print_kernel).
 struct Buffer {

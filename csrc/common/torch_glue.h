@@ -154,8 +154,8 @@ using TokenMeanLauncher = cudaError_t (*)(const VScaleParams&, int, DType, cudaS
 // thread count, empty tensors).
 inline at::Tensor token_mean(TokenMeanLauncher launch, const at::Tensor& x_in, bool hnd) {
   const View X0 = view_of(x_in, hnd);
-  if (!SAGE_TOKEN_MEAN_KERNEL || !v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 || X0.H == 0 ||
-      X0.B > kMaxGridYZ || X0.H > kMaxGridYZ)
+  if (!SAGE_TOKEN_MEAN_KERNEL || !v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 ||
+      X0.H == 0 || X0.B > kMaxGridYZ || X0.H > kMaxGridYZ)
     return token_mean(x_in, hnd);
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
