@@ -148,6 +148,25 @@ using TokenMeanLauncher = cudaError_t (*)(const VScaleParams&, int, DType, cudaS
 #define SAGE_TOKEN_MEAN_KERNEL 1  // tuning builds: 0 takes K's mean from ATen, as before 2026-12-06
 #endif
 
+// The token-statistics kernel's parameters for x (viewed as X, rows 16-byte aligned) and their
+// scratch: `parts` partial results per chunk of tokens (v_scale_partials) and the zeroed arrival
+// counters (quant_kernels.cuh, v_scale_kernel). The outputs are the caller's to set.
+struct TokenStatsCall {
+  VScaleParams p{};
+  at::Tensor partial, arrivals;
+  TokenStatsCall(const at::Tensor& x, const View& X, int parts) {
+    p.v = x.data_ptr();
+    p.v_sb = X.sb; p.v_sh = X.sh; p.v_sn = X.sn;
+    p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
+    const int64_t chunk_tokens = v_scale_chunk_tokens(static_cast<int>(X.D));
+    p.chunks = (X.N + chunk_tokens - 1) / chunk_tokens;
+    partial = at::empty({X.B, X.H, p.chunks, parts, X.D}, x.options().dtype(at::kFloat));
+    arrivals = at::zeros({X.B, X.H}, x.options().dtype(at::kInt));
+    p.partial = partial.data_ptr<float>();
+    p.arrivals = arrivals.data_ptr<int>();
+  }
+};
+
 // K's mean over tokens for smoothing, fp32 [B, H, D] contiguous: by the family's token-statistics
 // kernel (one pass at memory speed, partials summed in a fixed order: the same bits on every
 // run), or by ATen where that kernel does not apply (head dims whose D / 8 does not divide its
@@ -159,20 +178,10 @@ inline at::Tensor token_mean(TokenMeanLauncher launch, const at::Tensor& x_in, b
     return token_mean(x_in, hnd);
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
-  VScaleParams p{};
-  p.v = x.data_ptr();
-  p.v_sb = X.sb; p.v_sh = X.sh; p.v_sn = X.sn;
-  p.heads = X.H; p.tokens = X.N; p.head_dim = X.D;
-  const int64_t chunk_tokens = v_scale_chunk_tokens(static_cast<int>(X.D));
-  p.chunks = (X.N + chunk_tokens - 1) / chunk_tokens;
-  const auto f32 = x.options().dtype(at::kFloat);
-  const at::Tensor partial = at::empty({X.B, X.H, p.chunks, X.D}, f32);  // one partial: the sum
-  const at::Tensor arrivals = at::zeros({X.B, X.H}, x.options().dtype(at::kInt));
-  at::Tensor mean = at::empty({X.B, X.H, X.D}, f32);
-  p.partial = partial.data_ptr<float>();
-  p.arrivals = arrivals.data_ptr<int>();
-  p.mean = mean.data_ptr<float>();
-  const cudaError_t err = launch(p, X.B, dtype_of(x), at::cuda::getCurrentCUDAStream());
+  TokenStatsCall call(x, X, 1);  // one partial: the sum
+  at::Tensor mean = at::empty({X.B, X.H, X.D}, x.options().dtype(at::kFloat));
+  call.p.mean = mean.data_ptr<float>();
+  const cudaError_t err = launch(call.p, X.B, dtype_of(x), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "token_mean launch failed: ", cudaGetErrorString(err));
   return mean;
 }
@@ -197,18 +206,10 @@ inline c10::optional<std::pair<at::Tensor, at::Tensor>> v_scale_by_kernel(
   const View V = view_of(v, hnd);
   if (!v_scale_kernel_supported(static_cast<int>(V.D)) || V.N == 0 || V.B == 0 || V.H == 0)
     return c10::nullopt;
-  VScaleParams p{};
-  p.v = v.data_ptr();
-  p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
-  p.heads = V.H; p.tokens = V.N; p.head_dim = V.D;
-  const int64_t chunk_tokens = v_scale_chunk_tokens(static_cast<int>(V.D));
-  p.chunks = (V.N + chunk_tokens - 1) / chunk_tokens;
+  TokenStatsCall call(v, V, v_scale_partials(smooth));
+  VScaleParams& p = call.p;
   const auto f32 = v.options().dtype(at::kFloat);
-  const at::Tensor partial = at::empty({V.B, V.H, p.chunks, v_scale_partials(smooth), V.D}, f32);
-  const at::Tensor arrivals = at::zeros({V.B, V.H}, v.options().dtype(at::kInt));
   at::Tensor scale = at::empty({V.B, V.H, V.D}, f32), mean;
-  p.partial = partial.data_ptr<float>();
-  p.arrivals = arrivals.data_ptr<int>();
   p.scale = scale.data_ptr<float>();
   if (smooth) {
     mean = at::empty({V.B, V.H, V.D}, f32);
