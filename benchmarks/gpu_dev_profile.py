@@ -90,8 +90,9 @@ def trace_table(text: str) -> str:
     shown as softmax (0->1), K/V wait (1->4), issue (4->2), products (2->3) and period (0->next 0).
     The overlapped loop's stamps mean other things (see the kernel). Then the TRACE_TILE lines:
     per tile (the traced CTA's first SAGE_WG_TRACE_TILES) the cycles from kernel entry to the tile's
-    start, since the warpgroup stored its previous tile, waiting for its Q and first K, its first QK, the K loop (and per block), storing the output. Only the
-    last call's lines count (each call prints them)."""
+    start, since the warpgroup stored its previous tile, waiting for its Q and first K, its first
+    QK, the K loop (and per block), storing the output. Only the last call's lines count (each
+    call prints them)."""
     stamps: dict[tuple[int, int], tuple[int, ...]] = {}
     tiles: dict[tuple[int, int], tuple[int, ...]] = {}
     for line in text.splitlines():

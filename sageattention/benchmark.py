@@ -101,8 +101,12 @@ def cuda_timer(warmup_ms: float = TIMER_WARMUP_MS, rep_ms: float = 100) -> Calla
         return _event_median(fn, warmup_ms, rep_ms)
 
     timer.warmup_ms, timer.rep_ms = float(warmup_ms), float(rep_ms)
-    timer.description = f"{warmup_ms:g} ms of warm-up and {rep_ms:g} ms of repetitions per timing"
+    timer.description = _timer_description(timer.warmup_ms, timer.rep_ms)
     return timer
+
+
+def _timer_description(warmup_ms: float, rep_ms: float) -> str:
+    return f"{warmup_ms:g} ms of warm-up and {rep_ms:g} ms of repetitions per timing"
 
 
 def _event_median(fn: Callable, warmup_ms: float, rep_ms: float) -> float:
@@ -211,15 +215,17 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
     per_backend = {name: geomean(r["backends"][name].get("speedup_vs_sdpa") for r in rows)
                    for name in others}
     accs = [r["accuracy"] for r in rows if r.get("accuracy")]
+    # the timer's warm-up and repetitions, where it says (cuda_timer's do)
+    timing = ({"warmup_ms": timer.warmup_ms, "rep_ms": timer.rep_ms}
+              if hasattr(timer, "warmup_ms") and hasattr(timer, "rep_ms") else None)
     return {
         "method": ("end to end incl. quantization, same inputs, one process; median of "
                    "triton.testing.do_bench (CUDA events without Triton)"
-                   + (f", {timer.description}" if getattr(timer, "description", None) else "")
+                   + (f", {_timer_description(**timing)}" if timing else "")
                    + (f", median of {rounds} interleaved rounds" if rounds > 1 else "")
                    + "; TOPS = 4*b*h*n*n*d / time, halved for causal"),
         "rounds": rounds,
-        **({"timer": {"warmup_ms": timer.warmup_ms, "rep_ms": timer.rep_ms}}
-           if hasattr(timer, "warmup_ms") and hasattr(timer, "rep_ms") else {}),
+        **({"timer": timing} if timing else {}),
         "baseline": "torch.nn.functional.scaled_dot_product_attention, default backend",
         "primary_backend": primary or "default dispatch",
         "cases": rows,
