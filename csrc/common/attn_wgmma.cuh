@@ -738,7 +738,6 @@ __device__ __forceinline__ bool out_16b_aligned(const AttnParams& p) {
 // bytes): the 8 rows a warp writes at once fall in distinct banks, and with `tma` (the output's
 // map, SAGE_WG_TMA_STORE) thread 0 of the warpgroup hands the boxes to the copy engine instead.
 // `barrier`: a named barrier of this warpgroup's 128 threads. The caller checked out_16b_aligned.
-template <int HEAD_DIM>
 __device__ __forceinline__ uint32_t staged_chunk(uint32_t stage, int lrow, int c) {
   return stage + (c / 8) * (64 * 128) + lrow * 128 + (((c % 8) ^ (lrow & 7)) << 4);
 }
@@ -761,7 +760,7 @@ __device__ __forceinline__ void store_rows_staged(const AttnParams& p, const flo
     #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const uint32_t word = out_pair<HEAD_DIM, OutT, FP8>(p, o, norm.inv, r, j, t, bhkv);
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_chunk<HEAD_DIM>(stage, lrow, j) + 4 * t), "r"(word)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_chunk(stage, lrow, j) + 4 * t), "r"(word)
                    : "memory");
     }
     const int row = wg_row0 + lrow;
@@ -785,7 +784,7 @@ __device__ __forceinline__ void store_rows_staged(const AttnParams& p, const flo
     uint4 v;
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(staged_chunk<HEAD_DIM>(stage, lrow, c))
+                 : "r"(staged_chunk(stage, lrow, c))
                  : "memory");
     const int row = wg_row0 + lrow;
     if (row < p.q_len) *reinterpret_cast<uint4*>(out + row * p.o_sn + c * 8) = v;
