@@ -16,6 +16,12 @@
 #ifndef SAGE_WG_PERSISTENT
 #define SAGE_WG_PERSISTENT 2
 #endif
+#ifndef SAGE_WG_TMA_STORE
+// The staged output tile (d=128, two consumer warpgroups) leaves shared memory by the copy engine:
+// H100, 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-c61cff5-native.log, variant tm):
+// 1.018x geomean over ten cases, 1.002-1.055x at d=128; d=64 (three warpgroups, not staged) level.
+#define SAGE_WG_TMA_STORE 1
+#endif
 #ifndef SAGE_WG_LAZY_RESCALE
 // P up to 2^8 in fp16/bf16: most blocks skip O's rescale (H100, 2026-12-05: 0.98-1.05x per case, 1.013x
 // geomean; docs/kernels.md, "three consumer warpgroups at d=64")
