@@ -38,6 +38,13 @@ namespace sage {
 // 1: the softmax of S_{j+1} runs while P_j V_j is in flight. Measured wrong (NaN at n=4096,
 // docs/kernels.md): in the SASS, the softmax's temporaries reuse the physical registers of P_j,
 // the A operand of the in-flight wgmma. 0 (default): wait for P_j V_j before the softmax.
+#ifndef SAGE_WG_PV_SPLIT
+// WS kernel, 16-bit P.V, plain loop: each block's P.V is issued in this many parts during the
+// softmax (wg::softmax_in_parts), each part as soon as its exponentials are packed, so that it
+// runs on the tensor cores while the next part's exponentials run. 1 (default): off, the whole
+// P.V is issued after the softmax, with the next S.
+#define SAGE_WG_PV_SPLIT 1
+#endif
 #ifndef SAGE_WG_PV_OVERLAP
 #define SAGE_WG_PV_OVERLAP 0
 #endif
@@ -481,16 +488,14 @@ struct KBlock {
 template <PvKind PV>
 inline constexpr bool kExp2F16x2 = SAGE_WG_EXP2_F16X2 && PV == PvKind::kFp16;
 
-// Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
-// the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
-// MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
-// P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
-// F16X2: P comes out as fp16x2 words, the bits of sf[4j + 2r] holding columns 2t, 2t+1 of n8 tile
-// j, row r (sf[4j + 2r + 1] unused; pack_p16_frags<..., true> reads them).
-template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY = false, bool F16X2 = false>
-__device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
-                                              float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
-                                              float (&sf)[BLOCK_N / 2]) {
+// The first half of a block's base-2 online softmax, S (biased int32, wgmma accumulator layout)
+// -> sf (fp32, masked: -inf), for both of the thread's rows: the new running maxima (m_run), the
+// O rescale factors, and each row's exponent offset per 64-key scale block, so that
+// p = exp2(sf * dq + neg_c). P_X448, LAZY: as softmax_probs_of.
+template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY>
+__device__ __forceinline__ void softmax_head(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                             float (&m_run)[2], float (&alpha)[2], float (&sf)[BLOCK_N / 2],
+                                             float (&neg_c)[2][BLOCK_N / kBlkK]) {
   constexpr int kNT = BLOCK_N / 8;
   constexpr int kSub = BLOCK_N / kBlkK;
   #pragma unroll
@@ -536,18 +541,36 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
     alpha[r] = fast_exp2(m_run[r] - m_use);
     m_run[r] = m_new;
-    float neg_c[kSub];  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
+    // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
     #pragma unroll
     for (int sub = 0; sub < kSub; ++sub)
-      neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
-                          : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+      neg_c[r][sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
+                             : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+  }
+}
+
+// Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
+// the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
+// MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
+// P_X448 (FP8 P.V with SAGE_WG_FP8_P_FOLD): P and the row sum come out times 448.
+// F16X2: P comes out as fp16x2 words, the bits of sf[4j + 2r] holding columns 2t, 2t+1 of n8 tile
+// j, row r (sf[4j + 2r + 1] unused; pack_p16_frags<..., true> reads them).
+template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY = false, bool F16X2 = false>
+__device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                              float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                              float (&sf)[BLOCK_N / 2]) {
+  constexpr int kNT = BLOCK_N / 8;
+  float neg_c[2][BLOCK_N / kBlkK];
+  softmax_head<BLOCK_N, MASK, P_X448, LAZY>(s, blk, m_run, alpha, sf, neg_c);
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) {
     if constexpr (F16X2) {
       static_assert(!P_X448, "fp16 P only");
       uint32_t words[kNT];
       #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        words[j] = exp2_f16x2(fmaf(sf[4 * j + 2 * r], blk.dq[j / 8], neg_c[j / 8]),
-                              fmaf(sf[4 * j + 2 * r + 1], blk.dq[j / 8], neg_c[j / 8]));
+        words[j] = exp2_f16x2(fmaf(sf[4 * j + 2 * r], blk.dq[j / 8], neg_c[r][j / 8]),
+                              fmaf(sf[4 * j + 2 * r + 1], blk.dq[j / 8], neg_c[r][j / 8]));
         sf[4 * j + 2 * r] = __uint_as_float(words[j]);
       }
       l_run[r] = l_run[r] * alpha[r] + sum_f16x2<kNT>(words);
@@ -561,7 +584,7 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     for (int j = 0; j < kNT; ++j)
       #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
+        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[r][j / 8]), j);
         sf[4 * j + 2 * r + e] = pv;
         rowsum[(2 * j + e) % kSums] += pv;
       }
@@ -569,6 +592,13 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     if constexpr (kSums == 4) sum = (rowsum[0] + rowsum[1]) + (rowsum[2] + rowsum[3]);
     l_run[r] = l_run[r] * alpha[r] + sum;
   }
+}
+
+// The 16-bit A fragment of P.V k-step kc (keys 16kc .. 16kc+15) from P in the accumulator layout.
+template <PvKind PV, int N>
+__device__ __forceinline__ void pack_p16_step(const float (&sf)[N], int kc, uint32_t (&a)[4]) {
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = pack_p16<PV>(sf[8 * kc + 2 * i], sf[8 * kc + 2 * i + 1]);
 }
 
 // P as the 16-bit A fragments of the P.V wgmma (n8 tiles 2kc, 2kc+1 = keys 16kc .. 16kc+15, the
@@ -583,10 +613,7 @@ __device__ __forceinline__ void pack_p16_frags(const float (&sf)[BLOCK_N / 2], u
       for (int i = 0; i < 4; ++i) pn[kc][i] = __float_as_uint(sf[8 * kc + 2 * i]);
       continue;
     }
-    pn[kc][0] = pack_p16<PV>(sf[8 * kc + 0], sf[8 * kc + 1]);
-    pn[kc][1] = pack_p16<PV>(sf[8 * kc + 2], sf[8 * kc + 3]);
-    pn[kc][2] = pack_p16<PV>(sf[8 * kc + 4], sf[8 * kc + 5]);
-    pn[kc][3] = pack_p16<PV>(sf[8 * kc + 6], sf[8 * kc + 7]);
+    pack_p16_step<PV>(sf, kc, pn[kc]);
   }
 }
 
@@ -657,6 +684,68 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
         s, blk, m_run, l_run, alpha, sf);
     pack_p16_frags<BLOCK_N, PV, kExp2F16x2<PV>>(sf, pn);
   });
+}
+
+// SAGE_WG_PV_SPLIT: one block's online softmax in PARTS ranges of keys. After the maxima,
+// after_head() runs (the O rescale, before any P.V of the block); then each range's exponentials,
+// its P packed as the 16-bit A fragments of its P.V k-steps, and issue_part(part), which issues
+// those k-steps: they run on the tensor cores while the next range's exponentials run on the MUFU.
+// The row sums add the same values in the same order as softmax_probs_of.
+template <int BLOCK_N, bool MASK, PvKind PV, int PARTS, typename AfterHead, typename IssuePart>
+__device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                                 float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
+                                                 uint32_t (&pa)[BLOCK_N / 16][4], AfterHead&& after_head,
+                                                 IssuePart&& issue_part) {
+  constexpr int kNT = BLOCK_N / 8, kTiles = kNT / PARTS;  // n8 tiles per part
+  static_assert(PV != PvKind::kFp8 && !kExp2F16x2<PV>, "16-bit P from fp32 exponentials");
+  static_assert(kNT % PARTS == 0 && kTiles % 2 == 0, "a part is whole k16 steps");
+  float sf[BLOCK_N / 2], neg_c[2][BLOCK_N / kBlkK];
+  softmax_head<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, alpha, sf, neg_c);
+  after_head();
+  float rowsum[2] = {0.f, 0.f};
+  #pragma unroll
+  for (int part = 0; part < PARTS; ++part) {
+    #pragma unroll
+    for (int r = 0; r < 2; ++r)
+      #pragma unroll
+      for (int j = part * kTiles; j < (part + 1) * kTiles; ++j)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[r][j / 8]), j);
+          sf[4 * j + 2 * r + e] = pv;
+          rowsum[r] += pv;
+        }
+    #pragma unroll
+    for (int kc = part * kTiles / 2; kc < (part + 1) * kTiles / 2; ++kc) pack_p16_step<PV>(sf, kc, pa[kc]);
+    issue_part(part);
+  }
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rowsum[r];
+}
+
+// O += P V for the k-steps of part `part` of PARTS (SAGE_WG_PV_SPLIT; issue_pv's steps, in order).
+template <int HEAD_DIM, int BLOCK_N, PvKind PV, int PARTS>
+__device__ __forceinline__ void issue_pv_part(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
+                                              uint32_t v_tile, int part) {
+  constexpr int kSteps = BLOCK_N / 16 / PARTS;
+  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
+  #pragma unroll
+  for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
+}
+
+// A real use of P's registers after the wait that retires the P.V reading them, predicated off at
+// run time (never: a condition that is always false but unknown to the compiler): ptxas protects
+// an in-flight wgmma's accumulators, not its register A operand, so without a later use it hands
+// P's registers to the code that runs while the P.V is in flight (docs/kernels.md).
+template <int CHUNKS>
+__device__ __forceinline__ void keep_p_live(const uint32_t (&pa)[CHUNKS][4], bool never, uint32_t scratch) {
+  if (never) {
+    #pragma unroll
+    for (int kc = 0; kc < CHUNKS; ++kc)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]), "r"(pa[kc][1]),
+                   "r"(pa[kc][2]), "r"(pa[kc][3])
+                   : "memory");
+  }
 }
 
 template <int HEAD_DIM>
@@ -1063,6 +1152,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                          unsigned long long* tile_counter) {  // SAGE_WG_PERSISTENT 2: zeroed per call
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
+  // the 16-bit P.V in parts during the softmax; not with three or four consumer warpgroups, whose
+  // registers are too few for P to stay live across it (ptxas serializes the wgmmas there)
+  constexpr int kPvSplit = kFp8 || NWG > 2 ? 1 : SAGE_WG_PV_SPLIT;
+  static_assert(kPvSplit == 1 || (!PINGPONG && !SAGE_WG_FUSED_UPDATE), "SAGE_WG_PV_SPLIT: the plain loop only");
   constexpr bool kTma = kWsTma<PV>;  // the copy engine fills Q, K and V (or V^T)
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
@@ -1323,18 +1416,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     // stays put until this warpgroup's empty arrive: no branch around the wgmma groups, and no read
     // of the next stage, which the producer may be filling (persistent: the next tile's K).
     // s_preset: true when the arm already preset S (SAGE_WG_EARLY_PRESET).
-    auto issue_products = [&](int kb, const auto& pa, auto s_preset) {
+    // with_pv false (SAGE_WG_PV_SPLIT): P_kb V_kb was issued during the softmax; only S_{kb+1} here.
+    auto issue_products = [&](int kb, const auto& pa, auto s_preset, auto with_pv) {
       const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
       const bool more = kb + 1 < n_kblocks;
       const uint32_t sK_next = sK + (more ? nst : st) * Tr::kKBytes;
-      sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+      if constexpr (decltype(with_pv)::value) sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
       if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
       if constexpr (!kTma) fence_proxy_async_smem();
       stamp(kb, 4);
       if constexpr (PINGPONG) sm90::named_sync(1 + wgi, kTurnThreads);
       if constexpr (!decltype(s_preset)::value) wg::preset_scores<BLOCK_N>(s_i);
       wgmma_fence();
-      if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
+      if constexpr (!decltype(with_pv)::value) {
+        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK_next);
+        wgmma_commit();
+      } else if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
         if constexpr (TWO_LEVEL)
           wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK_next, ob, pa,
                                                              sV + st * Tr::kVBytes, true);
@@ -1388,7 +1485,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     for (int kb = 0; kb < n_kblocks; ++kb) {
       const bool more = kb + 1 < n_kblocks;
       stamp(kb, 0);
-      issue_products(kb, pa, std::false_type{});
+      issue_products(kb, pa, std::false_type{}, std::true_type{});
       stamp(kb, 1);
       blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);
       wgmma_wait<1>();  // S_{kb+1} is ready, P_kb V_kb may still run
@@ -1401,13 +1498,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       wgmma_pin(o);
       stamp(kb, 3);
       pass_turn_when_done(kb);
-      if (never) {
-        #pragma unroll
-        for (int kc = 0; kc < kPChunks; ++kc)
-          asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(scratch), "r"(pa[kc][0]),
-                       "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
-                       : "memory");
-      }
+      wg::keep_p_live(pa, never, scratch);
       sm90::mbar_arrive(empty((g0 + kb) % STAGES));
       rescale_o(alpha);
       #pragma unroll
@@ -1498,6 +1589,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
 #endif
       float alpha[2];
+      [[maybe_unused]] uint32_t pa_split[BLOCK_N / 16][4];  // SAGE_WG_PV_SPLIT: P, live until the wait
       if constexpr (SAGE_WG_FUSED_UPDATE) {
         // one basic block per mask arm: softmax, packing and the O update of the previous block
         uint32_t pa[kFp8 ? BLOCK_N / 32 : BLOCK_N / 16][4];
@@ -1518,7 +1610,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         });
         if constexpr (TWO_LEVEL) alpha_prev[0] = alpha[0], alpha_prev[1] = alpha[1];
         stamp(kb, 1);
-        issue_products(kb, pa, std::bool_constant<SAGE_WG_EARLY_PRESET != 0>{});
+        issue_products(kb, pa, std::bool_constant<SAGE_WG_EARLY_PRESET != 0>{}, std::true_type{});
       } else if constexpr (kFp8) {
         float sf[BLOCK_N / 2];
         wg::softmax_probs<BLOCK_N, SAGE_WG_FP8_P_FOLD>(s_i, blk, m_run, l_run, alpha, sf);
@@ -1526,13 +1618,30 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         wg::pack_p8_frags<BLOCK_N>(sf, pa);
         if constexpr (!TWO_LEVEL) rescale_o(alpha);
         stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
-        issue_products(kb, pa, std::false_type{});
+        issue_products(kb, pa, std::false_type{}, std::true_type{});
+      } else if constexpr (kPvSplit > 1) {
+        const int st = (g0 + kb) % STAGES;
+        wg::with_mask_choice(blk, [&](auto mask) {
+          wg::softmax_in_parts<BLOCK_N, decltype(mask)::value, PV, kPvSplit>(
+              s_i, blk, m_run, l_run, alpha, pa_split, [&] { rescale_o(alpha); },  // P_{kb-1} V_{kb-1} is done
+              [&](int part) {
+                if (part == 0) {
+                  sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+                  if constexpr (!kTma) fence_proxy_async_smem();
+                }
+                wgmma_fence();
+                wg::issue_pv_part<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, pa_split, sV + st * Tr::kVBytes, part);
+                wgmma_commit();
+              });
+        });
+        stamp(kb, 1);
+        issue_products(kb, pa_split, std::false_type{}, std::false_type{});
       } else {
         uint32_t pa[BLOCK_N / 16][4];
         wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
         rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
         stamp(kb, 1);
-        issue_products(kb, pa, std::false_type{});
+        issue_products(kb, pa, std::false_type{}, std::true_type{});
       }
       stamp(kb, 2);  // products issued
 #if SAGE_WG_KS_PREFETCH
@@ -1541,6 +1650,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
       wgmma_pin(s_i);
       wgmma_pin(o);
+      if constexpr (kPvSplit > 1) wg::keep_p_live(pa_split, p.q_len < 0, sQ);  // the parts' P until here
       stamp(kb, 3);  // products done
       pass_turn_when_done(kb);
       sm90::mbar_arrive(empty((g0 + kb) % STAGES));
