@@ -488,65 +488,66 @@ struct KBlock {
 template <PvKind PV>
 inline constexpr bool kExp2F16x2 = SAGE_WG_EXP2_F16X2 && PV == PvKind::kFp16;
 
-// The first half of a block's base-2 online softmax, S (biased int32, wgmma accumulator layout)
-// -> sf (fp32, masked: -inf), for both of the thread's rows: the new running maxima (m_run), the
-// O rescale factors, and each row's exponent offset per 64-key scale block, so that
-// p = exp2(sf * dq + neg_c). P_X448, LAZY: as softmax_probs_of.
-template <int BLOCK_N, bool MASK, bool P_X448, bool LAZY>
-__device__ __forceinline__ void softmax_head(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
-                                             float (&m_run)[2], float (&alpha)[2], float (&sf)[BLOCK_N / 2],
-                                             float (&neg_c)[2][BLOCK_N / kBlkK]) {
-  constexpr int kNT = BLOCK_N / 8;
-  constexpr int kSub = BLOCK_N / kBlkK;
+// S (biased int32, wgmma accumulator layout) as fp32 scores (masked: -inf), for the softmax.
+template <int BLOCK_N, bool MASK>
+__device__ __forceinline__ void scores_to_f32(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                              float (&sf)[BLOCK_N / 2]) {
   #pragma unroll
-  for (int j = 0; j < kNT; ++j)
+  for (int j = 0; j < BLOCK_N / 8; ++j)
     #pragma unroll
     for (int e = 0; e < 4; ++e) {
       float v = score_to_f32(s[4 * j + e]);
       if (MASK && blk.need_mask && j * 8 + (e & 1) >= blk.limit[e >> 1]) v = -INFINITY;
       sf[4 * j + e] = v;
     }
+}
+
+// The first half of the online softmax for the thread's row r of a block (sf from scores_to_f32):
+// the row's new running maximum (m_run[r]), its O rescale factor, and its exponent offset per
+// 64-key scale block, so that p = exp2(sf * dq + neg_c). P_X448, LAZY: as softmax_probs_of.
+template <int BLOCK_N, bool P_X448, bool LAZY>
+__device__ __forceinline__ void softmax_row_head(int r, const float (&sf)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
+                                                 float (&m_run)[2], float (&alpha)[2],
+                                                 float (&neg_c)[BLOCK_N / kBlkK]) {
+  constexpr int kSub = BLOCK_N / kBlkK;
+  float mx = -INFINITY;
   #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
-    #pragma unroll
-    for (int sub = 0; sub < kSub; ++sub) {
-      float mraw;
-      if constexpr (kScoreBias != 0) {
-        // biased scores are positive floats (masked: -inf): their bits order like the values
-        int max_bits[1 + SAGE_WG_SOFTMAX_ILP];  // ILP: two chains of 4, not one of 8
-        #pragma unroll
-        for (int c = 0; c <= SAGE_WG_SOFTMAX_ILP; ++c) max_bits[c] = __float_as_int(-INFINITY);
-        #pragma unroll
-        for (int j = 8 * sub; j < 8 * sub + 8; ++j) {
-          int& mb = max_bits[SAGE_WG_SOFTMAX_ILP ? j & 1 : 0];
-          mb = __vimax3_s32(mb, __float_as_int(sf[4 * j + 2 * r]), __float_as_int(sf[4 * j + 2 * r + 1]));
-        }
-        mraw = __int_as_float(SAGE_WG_SOFTMAX_ILP ? max(max_bits[0], max_bits[SAGE_WG_SOFTMAX_ILP]) : max_bits[0]);
-      } else {
-        mraw = -INFINITY;
-        #pragma unroll
-        for (int j = 8 * sub; j < 8 * sub + 8; ++j)
-          mraw = fmaxf(mraw, fmaxf(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]));
+  for (int sub = 0; sub < kSub; ++sub) {
+    float mraw;
+    if constexpr (kScoreBias != 0) {
+      // biased scores are positive floats (masked: -inf): their bits order like the values
+      int max_bits[1 + SAGE_WG_SOFTMAX_ILP];  // ILP: two chains of 4, not one of 8
+      #pragma unroll
+      for (int c = 0; c <= SAGE_WG_SOFTMAX_ILP; ++c) max_bits[c] = __float_as_int(-INFINITY);
+      #pragma unroll
+      for (int j = 8 * sub; j < 8 * sub + 8; ++j) {
+        int& mb = max_bits[SAGE_WG_SOFTMAX_ILP ? j & 1 : 0];
+        mb = __vimax3_s32(mb, __float_as_int(sf[4 * j + 2 * r]), __float_as_int(sf[4 * j + 2 * r + 1]));
       }
-      mraw -= kScoreBiasF;  // exact (an integer below 2^24), or -inf
-      mx = sub == 0 ? mraw * blk.dq[sub] : fmaxf(mx, mraw * blk.dq[sub]);
+      mraw = __int_as_float(SAGE_WG_SOFTMAX_ILP ? max(max_bits[0], max_bits[SAGE_WG_SOFTMAX_ILP]) : max_bits[0]);
+    } else {
+      mraw = -INFINITY;
+      #pragma unroll
+      for (int j = 8 * sub; j < 8 * sub + 8; ++j)
+        mraw = fmaxf(mraw, fmaxf(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]));
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float m_new = fmaxf(m_run[r], mx);
-    if constexpr (LAZY) {  // the old maximum stays while P <= 2^SAGE_WG_LAZY_RESCALE (-inf: moves)
-      if (mx <= m_run[r] + static_cast<float>(SAGE_WG_LAZY_RESCALE)) m_new = m_run[r];
-    }
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
-    alpha[r] = fast_exp2(m_run[r] - m_use);
-    m_run[r] = m_new;
-    // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
-    #pragma unroll
-    for (int sub = 0; sub < kSub; ++sub)
-      neg_c[r][sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
-                             : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
+    mraw -= kScoreBiasF;  // exact (an integer below 2^24), or -inf
+    mx = sub == 0 ? mraw * blk.dq[sub] : fmaxf(mx, mraw * blk.dq[sub]);
   }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  float m_new = fmaxf(m_run[r], mx);
+  if constexpr (LAZY) {  // the old maximum stays while P <= 2^SAGE_WG_LAZY_RESCALE (-inf: moves)
+    if (mx <= m_run[r] + static_cast<float>(SAGE_WG_LAZY_RESCALE)) m_new = m_run[r];
+  }
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
+  alpha[r] = fast_exp2(m_run[r] - m_use);
+  m_run[r] = m_new;
+  // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
+  #pragma unroll
+  for (int sub = 0; sub < kSub; ++sub)
+    neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
+                        : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
 }
 
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
@@ -560,17 +561,18 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
                                               float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                               float (&sf)[BLOCK_N / 2]) {
   constexpr int kNT = BLOCK_N / 8;
-  float neg_c[2][BLOCK_N / kBlkK];
-  softmax_head<BLOCK_N, MASK, P_X448, LAZY>(s, blk, m_run, alpha, sf, neg_c);
+  scores_to_f32<BLOCK_N, MASK>(s, blk, sf);
   #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    float neg_c[BLOCK_N / kBlkK];
+    softmax_row_head<BLOCK_N, P_X448, LAZY>(r, sf, blk, m_run, alpha, neg_c);
     if constexpr (F16X2) {
       static_assert(!P_X448, "fp16 P only");
       uint32_t words[kNT];
       #pragma unroll
       for (int j = 0; j < kNT; ++j) {
-        words[j] = exp2_f16x2(fmaf(sf[4 * j + 2 * r], blk.dq[j / 8], neg_c[r][j / 8]),
-                              fmaf(sf[4 * j + 2 * r + 1], blk.dq[j / 8], neg_c[r][j / 8]));
+        words[j] = exp2_f16x2(fmaf(sf[4 * j + 2 * r], blk.dq[j / 8], neg_c[j / 8]),
+                              fmaf(sf[4 * j + 2 * r + 1], blk.dq[j / 8], neg_c[j / 8]));
         sf[4 * j + 2 * r] = __uint_as_float(words[j]);
       }
       l_run[r] = l_run[r] * alpha[r] + sum_f16x2<kNT>(words);
@@ -584,7 +586,7 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     for (int j = 0; j < kNT; ++j)
       #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[r][j / 8]), j);
+        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
         sf[4 * j + 2 * r + e] = pv;
         rowsum[(2 * j + e) % kSums] += pv;
       }
@@ -700,7 +702,9 @@ __device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2]
   static_assert(PV != PvKind::kFp8 && !kExp2F16x2<PV>, "16-bit P from fp32 exponentials");
   static_assert(kNT % PARTS == 0 && kTiles % 2 == 0, "a part is whole k16 steps");
   float sf[BLOCK_N / 2], neg_c[2][BLOCK_N / kBlkK];
-  softmax_head<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0)>(s, blk, m_run, alpha, sf, neg_c);
+  scores_to_f32<BLOCK_N, MASK>(s, blk, sf);
+  #pragma unroll
+  for (int r = 0; r < 2; ++r) softmax_row_head<BLOCK_N, false, (SAGE_WG_LAZY_RESCALE > 0)>(r, sf, blk, m_run, alpha, neg_c[r]);
   after_head();
   float rowsum[2] = {0.f, 0.f};
   #pragma unroll
