@@ -42,7 +42,10 @@ namespace sage {
 // WS kernel, 16-bit P.V, plain loop: each block's P.V is issued in this many parts during the
 // softmax (wg::softmax_in_parts), each part as soon as its exponentials are packed, so that it
 // runs on the tensor cores while the next part's exponentials run. 1 (default): off, the whole
-// P.V is issued after the softmax, with the next S.
+// P.V is issued after the softmax, with the next S. Two consumer warpgroups only. H100,
+// 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-06ead25-native.log): 2 parts 0.90-0.99x,
+// 4 parts 0.92-1.01x at d=128; ncu saw the wait for the products halve and the exponentials stall
+// more (docs/kernels.md).
 #define SAGE_WG_PV_SPLIT 1
 #endif
 #ifndef SAGE_WG_PV_OVERLAP
@@ -67,8 +70,8 @@ namespace sage {
 // bulk tensor copy engine (one thread issues it, the warpgroup goes on) instead of 16-byte stores
 // by every thread. 0: off. On an H100 (benchmarks/results/h100-2026-12-06-tune-ae9f72f-native.log):
 // the sm90 family 1.01-1.04x at d=128 but for 0.98x at 1x32x16384x128, the sm90_fp8 family
-// 0.96-1.05x (and 4 spilled bytes in its two-level d=128 kernels). Not on by default yet: the
-// shipped calibration and validation ran without it.
+// 0.96-1.05x (and 4 spilled bytes in its two-level d=128 kernels). 0 here; the sm90 family turns
+// it on (csrc/sm90/tiles.cuh), the sm90_fp8 family leaves it off.
 #define SAGE_WG_TMA_STORE 0
 #endif
 #ifndef SAGE_WG_TILE_SLOT

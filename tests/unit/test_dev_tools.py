@@ -344,3 +344,37 @@ def test_order_diagnostic_times_every_entry_after_sdpa_and_otherwise(capsys, mon
     assert "(n=0)" in lines["sdpa direct"]  # SDPA never follows itself
     for name in ("sageattn default", "sageattn forced sdpa", "sageattn forced cuda-sm90-fp16"):
         assert "(n=0)" not in lines[name], lines[name]
+
+
+def test_ncu_source_summary_ranks_instructions_opcodes_and_reasons(tmp_path):
+    summary = _load("ncu_source_summary")
+    csv_text = "\n".join([
+        '"Kernel Name","void k<128>(P)"',  # ncu's line above the header
+        '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+        '"Instructions Executed","stall_barrier","stall_mio"',
+        '"0x10","MUFU.EX2 R3, R4","30","20","100","0","25"',
+        '"0x20","@!P0 MUFU.EX2 R5, R6","10","5","100","0","8"',
+        '"0x30","WARPGROUP.DEPBAR.LE gsb0, 0x0","60","40","10","55","0"',
+    ])
+    path = tmp_path / "src.csv"
+    path.write_text(csv_text + "\n")
+    text = summary.summarize(path, top=2, bucket=2)
+    assert "3 SASS lines, 100 warp-stall samples" in text
+    top = text.split("top 2 instructions")[1].split("samples per opcode")[0]
+    assert "WARPGROUP.DEPBAR" in top and "60.00%" in top and "[stall_barrier 55]" in top
+    assert "R5, R6" not in top  # the third by samples is not listed
+    opcodes = text.split("samples per opcode")[1].split("\n")
+    assert "WARPGROUP.DEPBAR.LE" in opcodes[1]
+    # both EX2s count as one opcode: the predicate @!P0 is not the opcode
+    assert "MUFU.EX2" in opcodes[2] and "40.00%" in opcodes[2] and "(2 instructions)" in opcodes[2]
+    assert "stall_barrier" in text.split("samples per reason")[1].split("\n")[1]
+
+
+def test_ncu_source_summary_says_when_the_samples_are_missing(tmp_path):
+    summary = _load("ncu_source_summary")
+    path = tmp_path / "src.csv"
+    path.write_text('"Address","Source","Instructions Executed"\n"0x10","FADD R1, R2, R3","5"\n')
+    assert "no warp-stall sampling column" in summary.summarize(path, top=5, bucket=8)
+    path.write_text("no table here\n")
+    with pytest.raises(SystemExit, match="no header row"):
+        summary.summarize(path, top=5, bucket=8)
