@@ -48,6 +48,12 @@ namespace sage {
 // more (docs/kernels.md).
 #define SAGE_WG_PV_SPLIT 1
 #endif
+#ifndef SAGE_WG_WS_P_SMEM
+// WS kernel, 16-bit P.V, plain loop, at most two consumer warpgroups: P goes to a shared-memory
+// tile of the warpgroup (stmatrix, 128B-swizzled K-major) and P.V reads it there (an SS wgmma),
+// so an in-flight P.V holds no register operand. With SAGE_WG_PV_SPLIT, part by part. 0: off.
+#define SAGE_WG_WS_P_SMEM 0
+#endif
 #ifndef SAGE_WG_PV_OVERLAP
 #define SAGE_WG_PV_OVERLAP 0
 #endif
@@ -696,7 +702,7 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
 // its P packed as the 16-bit A fragments of its P.V k-steps, and issue_part(part), which issues
 // those k-steps: they run on the tensor cores while the next range's exponentials run on the MUFU.
 // The row sums add the same values in the same order as softmax_probs_of.
-template <int BLOCK_N, bool MASK, PvKind PV, int PARTS, typename AfterHead, typename IssuePart>
+template <int BLOCK_N, PvKind PV, int PARTS, typename AfterHead, typename IssuePart>
 __device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                                  float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                                  uint32_t (&pa)[BLOCK_N / 16][4], AfterHead&& after_head,
@@ -705,7 +711,9 @@ __device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2]
   static_assert(PV != PvKind::kFp8 && !kExp2F16x2<PV>, "16-bit P from fp32 exponentials");
   static_assert(kNT % PARTS == 0 && kTiles % 2 == 0, "a part is whole k16 steps");
   float sf[BLOCK_N / 2], neg_c[2][BLOCK_N / kBlkK];
-  scores_to_f32<BLOCK_N, MASK>(s, blk, sf);
+  // only the scores' conversion in the mask arms: a wgmma issued in an arm is one ptxas serializes
+  // (C7520, "compiler-inserted WG.AR in divergent path")
+  with_mask_choice(blk, [&](auto mask) { scores_to_f32<BLOCK_N, decltype(mask)::value>(s, blk, sf); });
   #pragma unroll
   for (int r = 0; r < 2; ++r) softmax_row_head<BLOCK_N, false, (SAGE_WG_LAZY_RESCALE > 0)>(r, sf, blk, m_run, alpha, neg_c[r]);
   after_head();
@@ -738,6 +746,38 @@ __device__ __forceinline__ void issue_pv_part(float (&o)[HEAD_DIM / 2], const ui
   const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
   #pragma unroll
   for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
+}
+
+// SAGE_WG_WS_P_SMEM: the A fragments of part `part`'s k-steps to the warpgroup's P tile (64 rows,
+// 64-key atoms of 128-byte rows, 128B swizzle, K-major), one stmatrix x4 per k-step: its four
+// 8x8 matrices are the fragment's registers (rows g / g+8, keys 16kc.. / 16kc+8..), and lane l
+// gives the address of row l % 8 of matrix l / 8.
+template <int BLOCK_N, int PARTS>
+__device__ __forceinline__ void store_p_part(uint32_t p_tile, const uint32_t (&pa)[BLOCK_N / 16][4], int part, int wq,
+                                             int lane) {
+  constexpr int kSteps = BLOCK_N / 16 / PARTS;
+  const int m = lane >> 3, row = wq * 16 + (lane & 7) + 8 * (m & 1);
+  #pragma unroll
+  for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) {
+    const int j = 2 * kc + (m >> 1);  // the matrix's n8 tile of keys
+    const uint32_t addr = p_tile + (j / 8) * (64 * 128) + swizzled<128>(row, j % 8);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(pa[kc][0]),
+                 "r"(pa[kc][1]), "r"(pa[kc][2]), "r"(pa[kc][3])
+                 : "memory");
+  }
+}
+
+// O += P V for part `part`'s k-steps with P from the warpgroup's P tile (an SS wgmma).
+template <int HEAD_DIM, int BLOCK_N, PvKind PV, int PARTS>
+__device__ __forceinline__ void issue_pv_part_ss(float (&o)[HEAD_DIM / 2], uint32_t p_tile, uint32_t v_tile, int part) {
+  constexpr int kSteps = BLOCK_N / 16 / PARTS;
+  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
+  #pragma unroll
+  for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) {
+    // 16 keys = 32 bytes along the 128-byte rows of 64-key atom kc / 4; 8 rows = 1024 bytes
+    const uint64_t desc_p = make_desc(p_tile + (kc / 4) * (64 * 128) + (kc % 4) * 32, 16, 1024, 1);
+    pv_wgmma_ss<HEAD_DIM, PV>(o, desc_p, desc_v + 128 * kc);
+  }
 }
 
 // A real use of P's registers after the wait that retires the P.V reading them, predicated off at
@@ -1074,7 +1114,11 @@ struct WgmmaWsTraits {
   // SAGE_WG_STAGED_STORE: each consumer warpgroup's output tile (64 rows of 16-bit values)
   static constexpr bool kStagedStore = SAGE_WG_STAGED_STORE == 1 || (SAGE_WG_STAGED_STORE == 2 && NWG <= 2);
   static constexpr int kOBytes = kStagedStore ? NWG * 64 * HEAD_DIM * 2 : 0;
-  static constexpr int kSmemBytes = kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kOBytes + kBarBytes + 1024;
+  // SAGE_WG_WS_P_SMEM: each consumer warpgroup's P tile (64 rows of BLOCK_N 16-bit values)
+  static constexpr bool kPSmem = SAGE_WG_WS_P_SMEM != 0 && V_BYTES == 2 && NWG <= 2;
+  static constexpr int kPBytes = kPSmem ? NWG * 64 * BLOCK_N * 2 : 0;
+  static constexpr int kSmemBytes =
+      kQStages * kQBytes + STAGES * (kKBytes + kVBytes) + kOBytes + kPBytes + kBarBytes + 1024;
   // CTAs per SM the launch bounds ask for: one consumer warpgroup leaves room for two CTAs.
   static constexpr int kMinBlocks = SAGE_WG_WS_MINB > 0 ? SAGE_WG_WS_MINB : NWG == 1 ? 2 : 1;
   // setmaxnreg moves registers from the producer to the consumers: each thread enters with
@@ -1162,7 +1206,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // the 16-bit P.V in parts during the softmax; not with three or four consumer warpgroups, whose
   // registers are too few for P to stay live across it (ptxas serializes the wgmmas there)
   constexpr int kPvSplit = kFp8 || NWG > 2 ? 1 : SAGE_WG_PV_SPLIT;
-  static_assert(kPvSplit == 1 || (!PINGPONG && !SAGE_WG_FUSED_UPDATE), "SAGE_WG_PV_SPLIT: the plain loop only");
+  // SAGE_WG_WS_P_SMEM (Tr::kPSmem): P.V from the warpgroup's P tile, through the parts path
+  constexpr bool kPartsPath = kPvSplit > 1 || WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2,
+                                                            PERSISTENT>::kPSmem;
+  static_assert(!kPartsPath || (!PINGPONG && !SAGE_WG_FUSED_UPDATE),
+                "SAGE_WG_PV_SPLIT, SAGE_WG_WS_P_SMEM: the plain loop only");
   constexpr bool kTma = kWsTma<PV>;  // the copy engine fills Q, K and V (or V^T)
   using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
@@ -1177,13 +1225,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
   constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
   constexpr int kStoreBarrier = 4;     // + wgi: each consumer warpgroup's (SAGE_WG_STAGED_STORE)
+  constexpr int kPBarrier = 6;         // + wgi: each consumer warpgroup's (SAGE_WG_WS_P_SMEM)
 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t sQ0 = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const uint32_t sK = sQ0 + Tr::kQStages * Tr::kQBytes;
   const uint32_t sV = sK + STAGES * Tr::kKBytes;
   const uint32_t sO = sV + STAGES * Tr::kVBytes;  // SAGE_WG_STAGED_STORE: the output tiles
-  const uint32_t bars = sO + Tr::kOBytes;
+  const uint32_t sP = sO + Tr::kOBytes;           // SAGE_WG_WS_P_SMEM: the P tiles
+  const uint32_t bars = sP + Tr::kPBytes;
   auto full_k = [&](int st) { return bars + 8 * st; };
   auto full_v = [&](int st) { return bars + 8 * (STAGES + st); };
   auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
@@ -1626,21 +1676,30 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         if constexpr (!TWO_LEVEL) rescale_o(alpha);
         stamp(kb, 1);  // softmax done, waiting for K/V (and the turn)
         issue_products(kb, pa, std::false_type{}, std::true_type{});
-      } else if constexpr (kPvSplit > 1) {
+      } else if constexpr (kPartsPath) {
         const int st = (g0 + kb) % STAGES;
-        wg::with_mask_choice(blk, [&](auto mask) {
-          wg::softmax_in_parts<BLOCK_N, decltype(mask)::value, PV, kPvSplit>(
+        const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;  // Tr::kPSmem: this warpgroup's P tile
+        {
+          wg::softmax_in_parts<BLOCK_N, PV, kPvSplit>(
               s_i, blk, m_run, l_run, alpha, pa_split, [&] { rescale_o(alpha); },  // P_{kb-1} V_{kb-1} is done
               [&](int part) {
+                if constexpr (Tr::kPSmem) {  // the part's P to the tile, seen by the tensor cores
+                  wg::store_p_part<BLOCK_N, kPvSplit>(sPw, pa_split, part, wq, lane);
+                  fence_proxy_async_smem();
+                  sm90::named_sync(kPBarrier + wgi, 128);
+                }
                 if (part == 0) {
                   sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
                   if constexpr (!kTma) fence_proxy_async_smem();
                 }
                 wgmma_fence();
-                wg::issue_pv_part<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, pa_split, sV + st * Tr::kVBytes, part);
+                if constexpr (Tr::kPSmem)
+                  wg::issue_pv_part_ss<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, sPw, sV + st * Tr::kVBytes, part);
+                else
+                  wg::issue_pv_part<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, pa_split, sV + st * Tr::kVBytes, part);
                 wgmma_commit();
               });
-        });
+        }
         stamp(kb, 1);
         issue_products(kb, pa_split, std::false_type{}, std::false_type{});
       } else {
@@ -1657,7 +1716,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       wgmma_wait<0>();  // no register of an in-flight wgmma stays live into the softmax
       wgmma_pin(s_i);
       wgmma_pin(o);
-      if constexpr (kPvSplit > 1) wg::keep_p_live(pa_split, p.q_len < 0, sQ);  // the parts' P until here
+      if constexpr (kPartsPath && !Tr::kPSmem) wg::keep_p_live(pa_split, p.q_len < 0, sQ);  // the parts' P until here
       stamp(kb, 3);  // products done
       pass_turn_when_done(kb);
       sm90::mbar_arrive(empty((g0 + kb) % STAGES));
