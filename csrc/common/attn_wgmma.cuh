@@ -52,6 +52,9 @@ namespace sage {
 // WS kernel, 16-bit P.V, plain loop, at most two consumer warpgroups: P goes to a shared-memory
 // tile of the warpgroup (stmatrix, 128B-swizzled K-major) and P.V reads it there (an SS wgmma),
 // so an in-flight P.V holds no register operand. With SAGE_WG_PV_SPLIT, part by part. 0: off.
+// H100, 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-2ccd861-native.log, d=128): alone
+// 0.91x, with 2 parts 0.95x, 4 parts 0.91x: the proxy fence and the barrier per part cost more
+// than the overlap gains.
 #define SAGE_WG_WS_P_SMEM 0
 #endif
 #ifndef SAGE_WG_PV_OVERLAP
