@@ -55,6 +55,9 @@ namespace sage {
 // H100, 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-2ccd861-native.log, d=128): alone
 // 0.91x, with 2 parts 0.95x, 4 parts 0.91x: the proxy fence and the barrier per part cost more
 // than the overlap gains.
+// 2: P through the tile, and the softmax of block kb runs while P_{kb-1} V_{kb-1} is on the tensor
+// cores (one fence and barrier a block; a stage's K is released once its S is done, its V once
+// its P.V is, so the next K is not held back by the P.V in flight).
 #define SAGE_WG_WS_P_SMEM 0
 #endif
 #ifndef SAGE_WG_PV_OVERLAP
@@ -1111,7 +1114,9 @@ struct WgmmaWsTraits {
   static constexpr int kQStages = PERSISTENT ? 2 : 1;  // Q buffers
   // full K, full V, empty per K/V stage; full and empty per Q buffer; then (persistent) the tile of
   // each Q buffer (int64, the dynamic scheduler's hand-over)
-  static constexpr int kTileSlotOffset = (3 * STAGES + 2 * kQStages) * 8;
+  // SAGE_WG_WS_P_SMEM 2: also an empty barrier per stage for V alone (after them)
+  static constexpr bool kPOverlap = SAGE_WG_WS_P_SMEM == 2 && V_BYTES == 2 && NWG <= 2;
+  static constexpr int kTileSlotOffset = (3 * STAGES + 2 * kQStages + (kPOverlap ? STAGES : 0)) * 8;
   static constexpr int kTileSlotBytes = 32;  // the kernel's TileSlot
   static constexpr int kBarBytes = kTileSlotOffset + (PERSISTENT ? kTileSlotBytes * kQStages : 0);
   // SAGE_WG_STAGED_STORE: each consumer warpgroup's output tile (64 rows of 16-bit values)
@@ -1206,16 +1211,20 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                          unsigned long long* tile_counter) {  // SAGE_WG_PERSISTENT 2: zeroed per call
 #if defined(SAGE_HAS_WGMMA)
   constexpr bool kFp8 = PV == PvKind::kFp8;
+  constexpr bool kTma = kWsTma<PV>;  // the copy engine fills Q, K and V (or V^T)
+  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   // the 16-bit P.V in parts during the softmax; not with three or four consumer warpgroups, whose
   // registers are too few for P to stay live across it (ptxas serializes the wgmmas there)
   constexpr int kPvSplit = kFp8 || NWG > 2 ? 1 : SAGE_WG_PV_SPLIT;
-  // SAGE_WG_WS_P_SMEM (Tr::kPSmem): P.V from the warpgroup's P tile, through the parts path
-  constexpr bool kPartsPath = kPvSplit > 1 || WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2,
-                                                            PERSISTENT>::kPSmem;
+  // SAGE_WG_WS_P_SMEM 2 (Tr::kPOverlap): the softmax of block kb while P_{kb-1} V_{kb-1} runs,
+  // P through the warpgroup's tile (its own loop)
+  constexpr bool kPOverlap = Tr::kPOverlap;
+  static_assert(!kPOverlap || (kTma && !PINGPONG && !SAGE_WG_FUSED_UPDATE && kPvSplit == 1),
+                "SAGE_WG_WS_P_SMEM 2: the copy engine's producer, no turns, no fused update, no split");
+  // SAGE_WG_WS_P_SMEM 1 (Tr::kPSmem): P.V from the warpgroup's P tile, through the parts path
+  constexpr bool kPartsPath = (kPvSplit > 1 || Tr::kPSmem) && !kPOverlap;
   static_assert(!kPartsPath || (!PINGPONG && !SAGE_WG_FUSED_UPDATE),
                 "SAGE_WG_PV_SPLIT, SAGE_WG_WS_P_SMEM: the plain loop only");
-  constexpr bool kTma = kWsTma<PV>;  // the copy engine fills Q, K and V (or V^T)
-  using Tr = WgmmaWsTraits<HEAD_DIM, NWG, BLOCK_N, STAGES, kFp8 ? 1 : 2, PERSISTENT>;
   static_assert(!kFp8 || BLOCK_N == 128, "FP8 V^T tiles are 128 tokens (128-byte rows)");
   static_assert(!TWO_LEVEL || kFp8, "two-level accumulation is the FP8 path's");
   static_assert(!PINGPONG || NWG == 2, "ping-pong needs two consumer warpgroups");
@@ -1242,6 +1251,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   auto empty = [&](int st) { return bars + 8 * (2 * STAGES + st); };
   auto full_q = [&](int qs) { return bars + 8 * (3 * STAGES + qs); };
   auto q_empty = [&](int qs) { return bars + 8 * (3 * STAGES + Tr::kQStages + qs); };
+  // Tr::kPOverlap: a stage's V is free (empty then means its K is)
+  auto empty_v = [&](int st) { return bars + 8 * (3 * STAGES + 2 * Tr::kQStages + st); };
   // the tile whose Q is in buffer qs (dynamic scheduler; written by producer thread 0)
   // Its index (-1: none left) and, with SAGE_WG_TILE_SLOT, its fields decoded by the producer
   // (tried against the consumers' own decoding, 64-bit divisions, in the ~1000-1200 cycles
@@ -1283,6 +1294,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       sm90::mbar_init(full_k(st), kTma ? 1 : 128);
       sm90::mbar_init(full_v(st), kTma ? 1 : 128);
       sm90::mbar_init(empty(st), Tr::kConsumers);
+      if constexpr (Tr::kPOverlap) sm90::mbar_init(empty_v(st), Tr::kConsumers);
     }
     for (int qs = 0; qs < Tr::kQStages; ++qs) {
       // dynamic, cp.async: also producer thread 0's plain arrive, which releases the tile slot
@@ -1346,6 +1358,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           const int st = wait_stage(kb);
           sm90::mbar_arrive_expect_tx(full_k(st), Tr::kKBytes);
           sm90::tma_load_3d(sK + st * Tr::kKBytes, &maps.k, 0, kb * BLOCK_N, static_cast<int>(cta.bhkv), full_k(st));
+          if constexpr (Tr::kPOverlap) {  // empty said the stage's K is free; its V may still be read
+            const int gb = g0 + kb;
+            if (gb >= STAGES) sm90::mbar_wait(empty_v(st), (gb / STAGES - 1) & 1);
+          }
           sm90::mbar_arrive_expect_tx(full_v(st), Tr::kVBytes);
           if constexpr (kFp8) {
             sm90::tma_load_3d(sV + st * Tr::kVBytes, &maps.v, kb * BLOCK_N, 0, static_cast<int>(cta.bhkv), full_v(st));
@@ -1584,7 +1600,56 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         }
       }
     };
-    if constexpr (SAGE_WG_QK_AHEAD) {
+    if constexpr (kPOverlap) {
+    // SAGE_WG_WS_P_SMEM 2. Block kb: the softmax of S_kb while P_{kb-1} V_{kb-1} runs; once that
+    // P.V is done, O's rescale and P_kb to the warpgroup's tile; then S_{kb+1} and P_kb V_kb (an SS
+    // wgmma), and a wait for S_{kb+1} only. K_j is released once S_j is done (the last block's
+    // K at the end: it also issues an unused S on it, as issue_products), V_j once P_j V_j is.
+    const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;
+    auto release_k = [&](int kb) { sm90::mbar_arrive(empty((g0 + kb) % STAGES)); };
+    auto release_v = [&](int kb) { sm90::mbar_arrive(empty_v((g0 + kb) % STAGES)); };
+    if (n_kblocks > 1) release_k(0);  // S_0 is done (above)
+    for (int kb = 0; kb < n_kblocks; ++kb) {
+      const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
+      const bool more = kb + 1 < n_kblocks;
+      stamp(kb, 0);  // softmax starts
+#if !SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb, sc, row0, g, t);
+#endif
+      float alpha[2];
+      uint32_t pa[BLOCK_N / 16][4];
+      wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
+      stamp(kb, 1);  // softmax done
+      wgmma_wait<0>();  // P_{kb-1} V_{kb-1}: O, the P tile and V_{kb-1}'s stage are free
+      wgmma_pin(o);
+      if (kb > 0) release_v(kb - 1);
+      rescale_o(alpha);
+      wg::store_p_part<BLOCK_N, 1>(sPw, pa, 0, wq, lane);
+      fence_proxy_async_smem();
+      sm90::named_sync(kPBarrier + wgi, 128);  // the warpgroup's 64 rows of P are in the tile
+      if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
+      sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+      stamp(kb, 4);
+      wg::preset_scores<BLOCK_N>(s_i);
+      wgmma_fence();
+      wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK + (more ? nst : st) * Tr::kKBytes);
+      wgmma_commit();
+      wg::issue_pv_part_ss<HEAD_DIM, BLOCK_N, PV, 1>(o, sPw, sV + st * Tr::kVBytes, 0);
+      wgmma_commit();
+      stamp(kb, 2);  // products issued
+#if SAGE_WG_KS_PREFETCH
+      blk = wg::KBlock<BLOCK_N>(p, kb + 1, sc, row0, g, t);  // in range: guarded
+#endif
+      wgmma_wait<1>();  // S_{kb+1} is ready; P_kb V_kb may still run
+      wgmma_pin(s_i);
+      if (kb + 2 < n_kblocks) release_k(kb + 1);
+      stamp(kb, 3);
+    }
+    wgmma_wait<0>();
+    wgmma_pin(o);
+    release_v(n_kblocks - 1);
+    release_k(n_kblocks - 1);
+    } else if constexpr (SAGE_WG_QK_AHEAD) {
     // S_{kb+1} on the tensor cores during the softmax of S_kb, then P_kb V_kb; the block waits for
     // both at its end. The two S register sets swap roles every block: the body runs twice per
     // trip with the sets exchanged, so the swap costs no moves.
