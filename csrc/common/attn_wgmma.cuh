@@ -57,7 +57,8 @@ namespace sage {
 // than the overlap gains.
 // 2: P through the tile, and the softmax of block kb runs while P_{kb-1} V_{kb-1} is on the tensor
 // cores (one fence and barrier a block; a stage's K is released once its S is done, its V once
-// its P.V is, so the next K is not held back by the P.V in flight).
+// its P.V is, so the next K is not held back by the P.V in flight). Compiled (ptxas clean), not
+// yet run on a GPU (docs/kernels.md).
 #define SAGE_WG_WS_P_SMEM 0
 #endif
 #ifndef SAGE_WG_PV_OVERLAP
