@@ -35,9 +35,15 @@ def host_compiler_version(env: Mapping[str, str] = os.environ) -> str:
 
 
 def git_commit(root: Path = REPO_ROOT, env: Mapping[str, str] = os.environ) -> str:
-    """The source commit; SOURCE_COMMIT (set by CI for sdists) wins over git."""
+    """The source commit; SOURCE_COMMIT (set by CI for sdists) wins over git. A SOURCE_COMMIT that
+    is not a full hash is kept as given, with a warning: the build info would name less than git."""
     if env.get("SOURCE_COMMIT"):
-        return env["SOURCE_COMMIT"]
+        given = env["SOURCE_COMMIT"]
+        if not re.fullmatch(r"[0-9a-f]{40}(-dirty)?", given):
+            print(f"warning: SOURCE_COMMIT={given!r} is not a full 40-character commit hash "
+                  "(pass SOURCE_COMMIT=$(git rev-parse HEAD)); the build info records it as given",
+                  file=sys.stderr)
+        return given
     try:
         result = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
                                 capture_output=True, text=True, timeout=10)

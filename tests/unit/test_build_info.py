@@ -77,3 +77,13 @@ def test_label_rejects_bad_input():
         build_info.LocalLabel.create([], "2.14", "13.0")
     with pytest.raises(ValueError, match="torch version"):
         build_info.LocalLabel.create([80], "latest", "13.0")
+
+
+@pytest.mark.parametrize("given, warns", [("a" * 40, False), ("b" * 40 + "-dirty", False),
+                                          ("7f0eba8", True), ("HEAD", True)])
+def test_source_commit_is_kept_and_a_short_one_is_warned_about(capsys, given, warns):
+    assert buildinfo.git_commit(env={"SOURCE_COMMIT": given}) == given
+    err = capsys.readouterr().err
+    assert ("not a full 40-character commit hash" in err) == warns
+    if warns:
+        assert repr(given) in err
