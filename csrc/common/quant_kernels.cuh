@@ -540,31 +540,27 @@ inline cudaError_t launch_quant_v_fp8(const QuantFp8Params& p, int batch, DType 
 }
 
 
-inline cudaError_t launch_v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth,
-                                  cudaStream_t stream) {
+// The token-statistics kernel for STATS over x (p.v), in x's dtype.
+template <TokenStats STATS>
+inline cudaError_t launch_token_stats(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream) {
   if (!v_scale_kernel_supported(p.head_dim)) return cudaErrorInvalidValue;
   const dim3 grid(p.chunks, p.heads, batch);
-  auto launch = [&](auto stats_constant) {
-    constexpr TokenStats kStats = decltype(stats_constant)::value;
-    if (dtype == DType::kFloat16)
-      v_scale_kernel<__half, kStats><<<grid, kVScaleThreads, 0, stream>>>(p);
-    else
-      v_scale_kernel<__nv_bfloat16, kStats><<<grid, kVScaleThreads, 0, stream>>>(p);
-  };
-  if (smooth) launch(std::integral_constant<TokenStats, TokenStats::kSmooth>{});
-  else launch(std::integral_constant<TokenStats, TokenStats::kAmax>{});
+  if (dtype == DType::kFloat16)
+    v_scale_kernel<__half, STATS><<<grid, kVScaleThreads, 0, stream>>>(p);
+  else
+    v_scale_kernel<__nv_bfloat16, STATS><<<grid, kVScaleThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+inline cudaError_t launch_v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth,
+                                  cudaStream_t stream) {
+  return smooth ? launch_token_stats<TokenStats::kSmooth>(p, batch, dtype, stream)
+                : launch_token_stats<TokenStats::kAmax>(p, batch, dtype, stream);
 }
 
 // The token mean [B, H, D] of x (p.v) alone, into p.mean (K smoothing); p.scale is not written.
 inline cudaError_t launch_token_mean(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream) {
-  if (!v_scale_kernel_supported(p.head_dim)) return cudaErrorInvalidValue;
-  const dim3 grid(p.chunks, p.heads, batch);
-  if (dtype == DType::kFloat16)
-    v_scale_kernel<__half, TokenStats::kMeanOnly><<<grid, kVScaleThreads, 0, stream>>>(p);
-  else
-    v_scale_kernel<__nv_bfloat16, TokenStats::kMeanOnly><<<grid, kVScaleThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_token_stats<TokenStats::kMeanOnly>(p, batch, dtype, stream);
 }
 
 }  // namespace sage

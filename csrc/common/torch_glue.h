@@ -167,15 +167,18 @@ struct TokenStatsCall {
   }
 };
 
+// Whether the token-statistics kernel takes X: its head dim (D / 8 divides the kernel's thread
+// count), some tokens, batch and heads within the launch grid's y/z limits.
+inline bool token_stats_kernel_applies(const View& X) {
+  return v_scale_kernel_supported(static_cast<int>(X.D)) && X.N > 0 && X.B > 0 && X.H > 0 &&
+         X.B <= kMaxGridYZ && X.H <= kMaxGridYZ;
+}
+
 // K's mean over tokens for smoothing, fp32 [B, H, D] contiguous: by the family's token-statistics
 // kernel (one pass at memory speed, partials summed in a fixed order: the same bits on every
-// run), or by ATen where that kernel does not apply (head dims whose D / 8 does not divide its
-// thread count, empty tensors).
+// run), or by ATen where that kernel does not apply (token_stats_kernel_applies).
 inline at::Tensor token_mean(TokenMeanLauncher launch, const at::Tensor& x_in, bool hnd) {
-  const View X0 = view_of(x_in, hnd);
-  if (!SAGE_TOKEN_MEAN_KERNEL || !v_scale_kernel_supported(static_cast<int>(X0.D)) || X0.N == 0 || X0.B == 0 ||
-      X0.H == 0 || X0.B > kMaxGridYZ || X0.H > kMaxGridYZ)
-    return token_mean(x_in, hnd);
+  if (!SAGE_TOKEN_MEAN_KERNEL || !token_stats_kernel_applies(view_of(x_in, hnd))) return token_mean(x_in, hnd);
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
   TokenStatsCall call(x, X, 1);  // one partial: the sum
@@ -200,12 +203,11 @@ using VScaleLauncher = cudaError_t (*)(const VScaleParams&, int, DType, bool, cu
 
 // V's per-channel FP8 scale [B, H, D] fp32 (and its token mean with smoothing, else undefined)
 // from the family's v_scale kernel (v vector_friendly); nullopt where the kernel does not apply
-// (head dims whose D / 8 does not divide its thread count, no tokens), for ATen to do instead.
+// (token_stats_kernel_applies), for ATen to do instead.
 inline c10::optional<std::pair<at::Tensor, at::Tensor>> v_scale_by_kernel(
     VScaleLauncher launch, const at::Tensor& v, bool hnd, bool smooth, double v_max) {
   const View V = view_of(v, hnd);
-  if (!v_scale_kernel_supported(static_cast<int>(V.D)) || V.N == 0 || V.B == 0 || V.H == 0)
-    return c10::nullopt;
+  if (!token_stats_kernel_applies(V)) return c10::nullopt;
   TokenStatsCall call(v, V, v_scale_partials(smooth));
   VScaleParams& p = call.p;
   const auto f32 = v.options().dtype(at::kFloat);
