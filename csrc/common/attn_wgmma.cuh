@@ -414,13 +414,20 @@ __device__ __forceinline__ void issue_pv_fp8(float (&o)[HEAD_DIM / 2], const uin
   #pragma unroll
   for (int kc = 0; kc < BLOCK_N / 32; ++kc) pv_fp8_terms_step<HEAD_DIM>(o, pa[kc], vt_tile, kc, fresh);
 }
-// O += P V with P from registers (pv16_step).
+// O += P V with P from registers (pv16_step), for the k-steps of part `part` of PARTS
+// (SAGE_WG_PV_SPLIT), in order; issue_pv: all of them.
+template <int HEAD_DIM, int BLOCK_N, PvKind PV, int PARTS>
+__device__ __forceinline__ void issue_pv_part(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
+                                              uint32_t v_tile, int part) {
+  constexpr int kSteps = BLOCK_N / 16 / PARTS;
+  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
+  #pragma unroll
+  for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
+}
 template <int HEAD_DIM, int BLOCK_N, PvKind PV>
 __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
                                          uint32_t v_tile) {
-  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
-  #pragma unroll
-  for (int kc = 0; kc < BLOCK_N / 16; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
+  issue_pv_part<HEAD_DIM, BLOCK_N, PV, 1>(o, pa, v_tile, 0);
 }
 
 // S = Q K^T (from kScoreBias) and O (+)= P V, their k-steps alternating (SAGE_WG_INTERLEAVE): QK
@@ -743,16 +750,6 @@ __device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2]
   }
   #pragma unroll
   for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rowsum[r];
-}
-
-// O += P V for the k-steps of part `part` of PARTS (SAGE_WG_PV_SPLIT; issue_pv's steps, in order).
-template <int HEAD_DIM, int BLOCK_N, PvKind PV, int PARTS>
-__device__ __forceinline__ void issue_pv_part(float (&o)[HEAD_DIM / 2], const uint32_t (&pa)[BLOCK_N / 16][4],
-                                              uint32_t v_tile, int part) {
-  constexpr int kSteps = BLOCK_N / 16 / PARTS;
-  const uint64_t desc_v = v_desc<BLOCK_N>(v_tile);
-  #pragma unroll
-  for (int kc = part * kSteps; kc < (part + 1) * kSteps; ++kc) pv16_step<HEAD_DIM, PV>(o, pa[kc], desc_v, kc);
 }
 
 // SAGE_WG_WS_P_SMEM: the A fragments of part `part`'s k-steps to the warpgroup's P tile (64 rows,
@@ -1404,6 +1401,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   // ---- consumers: warpgroup wgi owns query rows wgi*64 .. wgi*64+63 of the CTA ----
   sm90::regs_raise<Tr::kConsumerRegs>();
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
+  [[maybe_unused]] const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;  // Tr::kPSmem: this warpgroup's P tile
   int g0 = 0, it = 0;  // as the producer's
 #if SAGE_WG_TRACE >= 0
   wg_trace::Buffer& trace_buf = wg_trace::g_buffer;
@@ -1606,7 +1604,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     // P.V is done, O's rescale and P_kb to the warpgroup's tile; then S_{kb+1} and P_kb V_kb (an SS
     // wgmma), and a wait for S_{kb+1} only. K_j is released once S_j is done (the last block's
     // K at the end: it also issues an unused S on it, as issue_products), V_j once P_j V_j is.
-    const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;
     auto release_k = [&](int kb) { sm90::mbar_arrive(empty((g0 + kb) % STAGES)); };
     auto release_v = [&](int kb) { sm90::mbar_arrive(empty_v((g0 + kb) % STAGES)); };
     if (n_kblocks > 1) release_k(0);  // S_0 is done (above)
@@ -1747,28 +1744,25 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         issue_products(kb, pa, std::false_type{}, std::true_type{});
       } else if constexpr (kPartsPath) {
         const int st = (g0 + kb) % STAGES;
-        const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;  // Tr::kPSmem: this warpgroup's P tile
-        {
-          wg::softmax_in_parts<BLOCK_N, PV, kPvSplit>(
-              s_i, blk, m_run, l_run, alpha, pa_split, [&] { rescale_o(alpha); },  // P_{kb-1} V_{kb-1} is done
-              [&](int part) {
-                if constexpr (Tr::kPSmem) {  // the part's P to the tile, seen by the tensor cores
-                  wg::store_p_part<BLOCK_N, kPvSplit>(sPw, pa_split, part, wq, lane);
-                  fence_proxy_async_smem();
-                  sm90::named_sync(kPBarrier + wgi, 128);
-                }
-                if (part == 0) {
-                  sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
-                  if constexpr (!kTma) fence_proxy_async_smem();
-                }
-                wgmma_fence();
-                if constexpr (Tr::kPSmem)
-                  wg::issue_pv_part_ss<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, sPw, sV + st * Tr::kVBytes, part);
-                else
-                  wg::issue_pv_part<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, pa_split, sV + st * Tr::kVBytes, part);
-                wgmma_commit();
-              });
-        }
+        wg::softmax_in_parts<BLOCK_N, PV, kPvSplit>(
+            s_i, blk, m_run, l_run, alpha, pa_split, [&] { rescale_o(alpha); },  // P_{kb-1} V_{kb-1} is done
+            [&](int part) {
+              if constexpr (Tr::kPSmem) {  // the part's P to the tile, seen by the tensor cores
+                wg::store_p_part<BLOCK_N, kPvSplit>(sPw, pa_split, part, wq, lane);
+                fence_proxy_async_smem();
+                sm90::named_sync(kPBarrier + wgi, 128);
+              }
+              if (part == 0) {
+                sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
+                if constexpr (!kTma) fence_proxy_async_smem();
+              }
+              wgmma_fence();
+              if constexpr (Tr::kPSmem)
+                wg::issue_pv_part_ss<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, sPw, sV + st * Tr::kVBytes, part);
+              else
+                wg::issue_pv_part<HEAD_DIM, BLOCK_N, PV, kPvSplit>(o, pa_split, sV + st * Tr::kVBytes, part);
+              wgmma_commit();
+            });
         stamp(kb, 1);
         issue_products(kb, pa_split, std::false_type{}, std::false_type{});
       } else {
