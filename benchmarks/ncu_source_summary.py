@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40, help="instructions to list (default 40)")
     parser.add_argument("--bucket", type=int, default=48, help="instructions per bucket (default 48)")
     args = parser.parse_args(argv)
+    if not args.csv.is_file():
+        parser.error(f"{args.csv}: no such file (the CSV of ncu -i REPORT --page source --csv --print-source sass)")
+    if args.top < 1 or args.bucket < 1:
+        parser.error(f"--top and --bucket must be at least 1, got {args.top} and {args.bucket}")
     sys.stdout.write(summarize(args.csv, args.top, args.bucket))
     return 0
 

@@ -378,3 +378,17 @@ def test_ncu_source_summary_says_when_the_samples_are_missing(tmp_path):
     path.write_text("no table here\n")
     with pytest.raises(SystemExit, match="no header row"):
         summary.summarize(path, top=5, bucket=8)
+
+
+def test_ncu_source_summary_cli_names_a_missing_file_and_bad_counts(tmp_path, capsys):
+    summary = _load("ncu_source_summary")
+    with pytest.raises(SystemExit) as exc:
+        summary.main([str(tmp_path / "absent.csv")])
+    assert exc.value.code == 2 and "absent.csv: no such file" in capsys.readouterr().err
+    path = tmp_path / "src.csv"
+    path.write_text('"Address","Source","Warp Stall Sampling (All Samples)"\n"0x10","FADD R1, R2, R3","5"\n')
+    with pytest.raises(SystemExit) as exc:
+        summary.main([str(path), "--bucket", "0"])
+    assert exc.value.code == 2 and "--top and --bucket must be at least 1" in capsys.readouterr().err
+    assert summary.main([str(path), "--top", "1"]) == 0
+    assert "1 SASS lines, 5 warp-stall samples" in capsys.readouterr().out
