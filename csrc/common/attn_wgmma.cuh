@@ -97,6 +97,11 @@ namespace sage {
 #ifndef SAGE_WG_KS_PREFETCH
 #define SAGE_WG_KS_PREFETCH 1  // WS kernel: load the next block's K scales while this block's products run
 #endif
+#ifndef SAGE_WG_KS_FIRST_EARLY
+// WS kernel: a tile's first K block's scales are loaded before its Q / K wait and first QK, instead
+// of after (where each tile start waited a global load's latency before its first softmax). 0: off.
+#define SAGE_WG_KS_FIRST_EARLY 0
+#endif
 #ifndef SAGE_WG_MASK_BRANCH
 // Blocks that need no mask for any of the warp's rows take a softmax without mask code
 // (wg::softmax_probs).
@@ -1452,6 +1457,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     }
 
     int32_t s_i[BLOCK_N / 2];
+#if SAGE_WG_KS_FIRST_EARLY
+    // the first block's K scales are loaded while Q and K_0 land and the first QK runs
+    wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
+#endif
     if constexpr (!kDynamic) sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
     sm90::mbar_wait(full_k(g0 % STAGES), (g0 / STAGES) & 1);
     tile_stamp(1);
@@ -1466,7 +1475,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 
     // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
     // before the softmax that needs it showed as the top stall, long scoreboard, in ncu).
+#if !SAGE_WG_KS_FIRST_EARLY
     wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
+#endif
     // SAGE_WG_TRACE: the SM clock per K block at each phase, see gpu_dev_profile.py trace. The plain
     // loop stamps softmax start (0), softmax done (1), products issued (2), products done (3); the
     // overlapped loop its top (0), products issued (1), the next softmax done (2), P.V done (3).

@@ -51,15 +51,26 @@ struct Tile;
 #ifndef SAGE_SM90_BLOCK_N_128
 #define SAGE_SM90_BLOCK_N_128 128
 #endif
+// Tuning overrides: K/V buffers in the ring per head dim, and turns for the d=128 consumers' products
+// (SAGE_WG_PINGPONG's 1: on issue, 2: on completion; two warpgroups only).
+#ifndef SAGE_SM90_STAGES_64
+#define SAGE_SM90_STAGES_64 2
+#endif
+#ifndef SAGE_SM90_STAGES_128
+#define SAGE_SM90_STAGES_128 2
+#endif
+#ifndef SAGE_SM90_PINGPONG_128
+#define SAGE_SM90_PINGPONG_128 0
+#endif
 template <>
 struct Tile<64> {
-  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_64, kBlockN = SAGE_SM90_BLOCK_N_64, kStages = 2;
-  static constexpr bool kPingPong = false;
+  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_64, kBlockN = SAGE_SM90_BLOCK_N_64;
+  static constexpr int kStages = SAGE_SM90_STAGES_64, kPingPong = 0;
 };
 template <>
 struct Tile<128> {
-  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_128, kBlockN = SAGE_SM90_BLOCK_N_128, kStages = 2;
-  static constexpr bool kPingPong = false;
+  static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_128, kBlockN = SAGE_SM90_BLOCK_N_128;
+  static constexpr int kStages = SAGE_SM90_STAGES_128, kPingPong = SAGE_SM90_PINGPONG_128;
 };
 
 template <int HEAD_DIM>

@@ -87,15 +87,17 @@ def test_attention_uses_the_warp_specialized_wgmma_kernel_directly():
         defaults.setdefault(name, int(value))
     tiles_found = re.findall(
         r"struct Tile<(\d+)> \{\s*static constexpr int kConsumerWarpgroups = SAGE_SM90_NWG_(\d+), "
-        r"kBlockN = SAGE_SM90_BLOCK_N_(\d+), kStages = (\d+);\s*static constexpr bool kPingPong = (\w+);", tiles)
-    assert all(d == d_nwg == d_n for d, d_nwg, d_n, _, _ in tiles_found)
-    shapes = {int(d): (defaults[f"SAGE_SM90_NWG_{d}"], defaults[f"SAGE_SM90_BLOCK_N_{d}"], int(st), pp)
-              for d, _, _, st, pp in tiles_found}
+        r"kBlockN = SAGE_SM90_BLOCK_N_(\d+);\s*static constexpr int kStages = SAGE_SM90_STAGES_(\d+), "
+        r"kPingPong = (\w+);", tiles)
+    assert all(d == d_nwg == d_n == d_st for d, d_nwg, d_n, d_st, _ in tiles_found)
+    shapes = {int(d): (defaults[f"SAGE_SM90_NWG_{d}"], defaults[f"SAGE_SM90_BLOCK_N_{d}"],
+                       defaults[f"SAGE_SM90_STAGES_{d}"], defaults.get(pp, 0 if pp == "0" else None))
+              for d, _, _, _, pp in tiles_found}
     # the tuning choice may change; the shapes must be ones the kernel's traits accept
     assert set(shapes) == {64, 128}
     for nwg, block_n, stages, pingpong in shapes.values():
         assert nwg in (1, 2, 3, 4) and block_n in (64, 128) and stages >= 2
-        assert pingpong in ("false", "true") and (pingpong == "false" or nwg == 2)
+        assert pingpong in (0, 1, 2) and (pingpong == 0 or nwg == 2)
     assert "PvKind::kBf16, __nv_bfloat16" in tiles and "PvKind::kFp16, __half" in tiles
     assert "pv_in_bf16(dtype, PvAccum::kF32)" in tiles
     assert "launch_attention<64>" in _source("attn_hd64.cu")
