@@ -57,8 +57,9 @@ namespace sage {
 // than the overlap gains.
 // 2: P through the tile, and the softmax of block kb runs while P_{kb-1} V_{kb-1} is on the tensor
 // cores (one fence and barrier a block; a stage's K is released once its S is done, its V once
-// its P.V is, so the next K is not held back by the P.V in flight). Compiled (ptxas clean), not
-// yet run on a GPU (docs/kernels.md).
+// its P.V is, so the next K is not held back by the P.V in flight). H100, 2026-12-06
+// (benchmarks/results/h100-2026-12-06-tune-ed90a99-native.log, d=128, variant po): 0.871-0.952x,
+// 0.919x geomean; correct (the sm90 GPU tests on it: 65 passed).
 #define SAGE_WG_WS_P_SMEM 0
 #endif
 #ifndef SAGE_WG_PV_OVERLAP
@@ -100,6 +101,8 @@ namespace sage {
 #ifndef SAGE_WG_KS_FIRST_EARLY
 // WS kernel: a tile's first K block's scales are loaded before its Q / K wait and first QK, instead
 // of after (where each tile start waited a global load's latency before its first softmax). 0: off.
+// H100, 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-3a5ec42-native.log, variant ke): 0.992x
+// geomean, 0.971-1.008x per case; with three stages (kst3) 1.025x against three stages alone 1.036x.
 #define SAGE_WG_KS_FIRST_EARLY 0
 #endif
 #ifndef SAGE_WG_MASK_BRANCH

@@ -51,13 +51,17 @@ struct Tile;
 #ifndef SAGE_SM90_BLOCK_N_128
 #define SAGE_SM90_BLOCK_N_128 128
 #endif
-// Tuning overrides: K/V buffers in the ring per head dim, and turns for the d=128 consumers' products
-// (SAGE_WG_PINGPONG's 1: on issue, 2: on completion; two warpgroups only).
+// K/V buffers in the ring per head dim: three, so a block's K and V start landing a whole block
+// earlier than with two (whose refill waited for both warpgroups to release the stage, then for the
+// copy, in the faster warpgroup's softmax). H100, 2026-12-06
+// (benchmarks/results/h100-2026-12-06-tune-3a5ec42-native.log, variant st3): 1.036x geomean over ten
+// cases, 0.993-1.082x. And turns for the d=128 consumers' products (SAGE_WG_PINGPONG's 1: on issue,
+// 2: on completion; two warpgroups only): off (pp1 0.996x; pp2 with three stages 1.028x).
 #ifndef SAGE_SM90_STAGES_64
-#define SAGE_SM90_STAGES_64 2
+#define SAGE_SM90_STAGES_64 3
 #endif
 #ifndef SAGE_SM90_STAGES_128
-#define SAGE_SM90_STAGES_128 2
+#define SAGE_SM90_STAGES_128 3
 #endif
 #ifndef SAGE_SM90_PINGPONG_128
 #define SAGE_SM90_PINGPONG_128 0
