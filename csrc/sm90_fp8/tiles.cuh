@@ -2,7 +2,7 @@
 // of the warp-specialized wgmma kernel (csrc/common/attn_wgmma.cuh) with FP8 P.V. Shape as
 // measured on the H200 (benchmarks/results/h200-2026-12-03-wgmma-fp8-maskbranch.log, variant
 // `f8`): two consumer warpgroups (128 query rows per CTA), 128-key blocks (an FP8 V^T row is
-// 128 token bytes), a ring of two K/V buffers, no ping-pong; the same at both head dims.
+// 128 token bytes), a ring of K/V buffers (three since 2026-12-06, below), no ping-pong; the same at both head dims.
 #pragma once
 // The family's kernel levers, on since 2026-12-05: the bulk tensor copy engine for Q, K and V^T,
 // the O update and the next scores' preset inside the softmax's block, and persistent CTAs taking
@@ -23,7 +23,10 @@
 #define SAGE_WG_PERSISTENT 2
 #endif
 #ifndef SAGE_WG_STAGES
-#define SAGE_WG_STAGES 2  // K/V buffers in the ring
+// K/V buffers in the ring: three, as the sm90 family (a block's K and V start landing a block
+// earlier). H100, 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-f960dcf-native.log, variant
+// f8st3, "fp32+fp32"): 1.051x geomean over eight cases, 0.968-1.132x; two stages before.
+#define SAGE_WG_STAGES 3
 #endif
 #ifndef SAGE_WG_PINGPONG
 #define SAGE_WG_PINGPONG 0  // turns for the consumers' wgmmas (1: on issue, 2: on completion)
