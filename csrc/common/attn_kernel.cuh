@@ -2,7 +2,7 @@
 // the sm89 family (INT8 QK^T, FP8 e4m3 PV). CUDA headers only.
 //
 // A CTA owns CTA_Q = NWARPS * MT * 16 query rows of one (batch, head); each warp owns MT m16 tiles.
-// K/V blocks of 64 tokens are double-buffered in shared memory with cp.async. Per block:
+// K/V blocks of 64 tokens go through a ring of shared-memory buffers (cp.async). Per block:
 //   S = Q_i8 K_i8^T (mma m16n8k32 s8, int32)  -> dequantize with the Q scale (which carries
 //   sm_scale * log2 e) and K scale -> mask (sequence end, causal) -> online softmax in base 2
 //   -> P (fp16, or e4m3 scaled by 448) -> O += P V (mma m16n8k16 f16 / m16n8k32 e4m3).
@@ -30,6 +30,14 @@
 #endif
 #ifndef SAGE_MIN_CTAS_HD128
 #define SAGE_MIN_CTAS_HD128 1
+#endif
+// K/V buffers in the cp.async ring per head dim (tuning knobs, 2 or more): with S buffers, block
+// kb + S - 1 is requested while block kb is computed, so a copy has S - 1 blocks' time to land.
+#ifndef SAGE_KV_STAGES_HD64
+#define SAGE_KV_STAGES_HD64 2
+#endif
+#ifndef SAGE_KV_STAGES_HD128
+#define SAGE_KV_STAGES_HD128 2
 #endif
 // Skip the O rescale when no row max of the warp moved (tuning knob).
 #ifndef SAGE_SKIP_RESCALE
@@ -77,7 +85,9 @@ struct AttnTraits {
   static constexpr int kQBytes = kCtaQ * kQKStride;
   static constexpr int kKBytes = kIterK * kQKStride;
   static constexpr int kVBytes = kVRows * kVStride;
-  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + 2 * kVBytes;
+  static constexpr int kStages = HEAD_DIM == 64 ? SAGE_KV_STAGES_HD64 : SAGE_KV_STAGES_HD128;
+  static_assert(kStages >= 2, "at least two K/V buffers");
+  static constexpr int kSmemBytes = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr int kDTiles = HEAD_DIM / 8;  // n8 tiles of the output
 };
 
@@ -215,7 +225,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sK = sQ + Tr::kQBytes;
-  const uint32_t sV = sK + 2 * Tr::kKBytes;
+  constexpr int kStages = Tr::kStages;
+  const uint32_t sV = sK + kStages * Tr::kKBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -296,9 +307,19 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       cp_async_16(sQ + r * Tr::kQKStride + col, gQ + r * HEAD_DIM + col, true);
     });
   }
+  // One commit group per K/V block, empty past the last, so that waiting for all but the newest
+  // kStages - 2 groups always means "block kb has landed" (the first group also holds Q).
   load_k(0, 0);
   load_v(0, 0);
   cp_async_commit();
+  #pragma unroll
+  for (int kb = 1; kb < kStages - 1; ++kb) {
+    if (kb < n_kblocks) {
+      load_k(kb, kb);
+      load_v(kb, kb);
+    }
+    cp_async_commit();
+  }
 
   // ---- per-thread state ----
   const int warp_row0 = warp * MT * 16;  // inside the CTA
@@ -335,7 +356,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       for (int j = 0; j < kDT; ++j) o16[mt][j][0] = o16[mt][j][1] = 0u;
   }
 
-  cp_async_wait<0>();
+  cp_async_wait<kStages - 2>();
   __syncthreads();
 
   // ldmatrix row addresses: a per-thread base plus compile-time offsets (mt, kc, np, dp).
@@ -366,17 +387,27 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   // were a large share of its instructions, measured with ncu on the H200).
   auto kv_block = [&](auto masked, const int kb) {
     constexpr bool kMasked = decltype(masked)::value;
-    if (kb > 0) {
-      cp_async_wait<0>();
+    if (kb > 0) {  // block kb landed; every warp is done with block kb - 1, whose buffer refills now
+      cp_async_wait<kStages - 2>();
       __syncthreads();
     }
-    if (kb + 1 < n_kblocks) {
-      load_k(kb + 1, (kb + 1) & 1);
-      load_v(kb + 1, (kb + 1) & 1);
-      cp_async_commit();
+    if constexpr (kStages == 2) {
+      if (kb + 1 < n_kblocks) {
+        load_k(kb + 1, (kb + 1) & 1);
+        load_v(kb + 1, (kb + 1) & 1);
+        cp_async_commit();
+      }
+    } else {
+      const int next = kb + kStages - 1;
+      if (next < n_kblocks) {
+        load_k(next, next % kStages);
+        load_v(next, next % kStages);
+      }
+      cp_async_commit();  // empty past the last block
     }
-    const uint32_t cK = sK + (kb & 1) * Tr::kKBytes + k_ld;
-    const uint32_t cV = sV + (kb & 1) * Tr::kVBytes + v_ld;
+    const int cur = kStages == 2 ? (kb & 1) : kb % kStages;
+    const uint32_t cK = sK + cur * Tr::kKBytes + k_ld;
+    const uint32_t cV = sV + cur * Tr::kVBytes + v_ld;
 
     // ---- S = Q K^T (int32) ----
     int32_t s_i[MT][kNT][4];
