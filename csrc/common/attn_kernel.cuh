@@ -33,6 +33,9 @@
 #endif
 // K/V buffers in the cp.async ring per head dim (tuning knobs, 2 or more): with S buffers, block
 // kb + S - 1 is requested while block kb is computed, so a copy has S - 1 blocks' time to land.
+// Three were level for the sm80 family on an H100 (0.980-1.010x, "fp32", d=64 and d=128;
+// benchmarks/results/h100-2026-12-06-tune-0d2e506-native.log): its several CTAs per SM already
+// hide the copies, unlike the one-CTA wgmma kernel, where a third stage gained 3.6%.
 #ifndef SAGE_KV_STAGES_HD64
 #define SAGE_KV_STAGES_HD64 2
 #endif
