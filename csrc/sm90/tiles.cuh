@@ -3,7 +3,8 @@
 // measured on the H200 (benchmarks/results/h200-2026-12-03-wgmma-ws2.log, variants `ws2` and `ws1`
 // of one call): two consumer warpgroups (128 query rows per CTA) at both head dims (d=64: 351 / 294
 // / 408 / 375 TOPS against 313 / 277 / 347 / 334 with one warpgroup and two CTAs per SM); 128-key
-// blocks, a ring of K/V buffers (three since 2026-12-06: SAGE_SM90_STAGES_*), no ping-pong (slower: ...-wgmma-ws1.log, `ws2pp`).
+// blocks, a ring of K/V buffers (three since 2026-12-06: SAGE_SM90_STAGES_*), no ping-pong
+// (slower: ...-wgmma-ws1.log, `ws2pp`).
 #pragma once
 // The family's kernel levers, on since 2026-12-05: Q, K and V by the bulk tensor copy engine and
 // persistent CTAs taking tiles from a per-call counter. Together 1.050x the previous default

@@ -2,7 +2,8 @@
 // of the warp-specialized wgmma kernel (csrc/common/attn_wgmma.cuh) with FP8 P.V. Shape as
 // measured on the H200 (benchmarks/results/h200-2026-12-03-wgmma-fp8-maskbranch.log, variant
 // `f8`): two consumer warpgroups (128 query rows per CTA), 128-key blocks (an FP8 V^T row is
-// 128 token bytes), a ring of K/V buffers (three since 2026-12-06, below), no ping-pong; the same at both head dims.
+// 128 token bytes), a ring of K/V buffers (three since 2026-12-06, below), no ping-pong; the same
+// at both head dims.
 #pragma once
 // The family's kernel levers, on since 2026-12-05: the bulk tensor copy engine for Q, K and V^T,
 // the O update and the next scores' preset inside the softmax's block, and persistent CTAs taking
