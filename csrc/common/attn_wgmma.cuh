@@ -105,6 +105,14 @@ namespace sage {
 // geomean, 0.971-1.008x per case; with three stages (kst3) 1.025x against three stages alone 1.036x.
 #define SAGE_WG_KS_FIRST_EARLY 0
 #endif
+#ifndef SAGE_WG_NEXT_TILE_QK
+// WS kernel, dynamic persistent scheduler (SAGE_WG_PERSISTENT 2), plain loop: a tile's last K block
+// issues the next tile's first S = Q' K'_0 (its Q and K_0 are in shared memory by then) where it
+// issued an unused S on its own K, so the next tile starts at its softmax: its first QK and its
+// Q / K wait leave the tile start (about 420 and 1000-1400 cycles a tile in the 6f496e1 traces).
+// The consumer reads the next tile's slot a block earlier. 0: off. Compiled, not yet run on a GPU.
+#define SAGE_WG_NEXT_TILE_QK 0
+#endif
 #ifndef SAGE_WG_MASK_BRANCH
 // Blocks that need no mask for any of the warp's rows take a softmax without mask code
 // (wg::softmax_probs).
@@ -1241,6 +1249,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                                        !SAGE_WG_INTERLEAVE),
                 "SAGE_WG_QK_AHEAD needs SAGE_WG_FUSED_UPDATE, and no ping-pong, overlap or interleave");
   constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
+  // SAGE_WG_NEXT_TILE_QK: the plain loop of the dynamic persistent kernel only
+  constexpr bool kNextTileQk =
+      SAGE_WG_NEXT_TILE_QK && kDynamic && !kPOverlap && !SAGE_WG_QK_AHEAD && !SAGE_WG_WS_OVERLAP;
   constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
   constexpr int kStoreBarrier = 4;     // + wgi: each consumer warpgroup's (SAGE_WG_STAGED_STORE)
   constexpr int kPBarrier = 6;         // + wgi: each consumer warpgroup's (SAGE_WG_WS_P_SMEM)
@@ -1411,6 +1422,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   const int wq = warp & 3, g = lane >> 2, t = lane & 3;
   [[maybe_unused]] const uint32_t sPw = sP + wgi * 64 * BLOCK_N * 2;  // Tr::kPSmem: this warpgroup's P tile
   int g0 = 0, it = 0;  // as the producer's
+#if SAGE_WG_NEXT_TILE_QK
+  // kNextTileQk: S lives across tiles; s_ready says the previous tile's last block computed this
+  // tile's first S into it
+  int32_t s_i[BLOCK_N / 2];
+  bool s_ready = false;
+#endif
 #if SAGE_WG_TRACE >= 0
   wg_trace::Buffer& trace_buf = wg_trace::g_buffer;
   const bool tile_tracer =
@@ -1459,10 +1476,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       if (wgi == 1) sm90::named_arrive(1, kTurnThreads);
     }
 
+#if !SAGE_WG_NEXT_TILE_QK
     int32_t s_i[BLOCK_N / 2];
+#endif
 #if SAGE_WG_KS_FIRST_EARLY
     // the first block's K scales are loaded while Q and K_0 land and the first QK runs
     wg::KBlock<BLOCK_N> blk(p, 0, sc, row0, g, t);
+#endif
+#if SAGE_WG_NEXT_TILE_QK
+    if (!kNextTileQk || !s_ready) {
 #endif
     if constexpr (!kDynamic) sm90::mbar_wait(full_q(qs), (it / Tr::kQStages) & 1);
     sm90::mbar_wait(full_k(g0 % STAGES), (g0 / STAGES) & 1);
@@ -1474,6 +1496,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(s_i);
+#if SAGE_WG_NEXT_TILE_QK
+    } else {
+      tile_stamp(1);
+    }
+    s_ready = false;
+#endif
     tile_stamp(2);
 
     // The K scales of block kb + 1 are loaded while block kb's products run (a global load right
@@ -1509,7 +1537,26 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     auto issue_products = [&](int kb, const auto& pa, auto s_preset, auto with_pv) {
       const int st = (g0 + kb) % STAGES, nst = (g0 + kb + 1) % STAGES;
       const bool more = kb + 1 < n_kblocks;
+#if SAGE_WG_NEXT_TILE_QK
+      uint32_t sK_next = sK + (more ? nst : st) * Tr::kKBytes;
+      uint64_t desc_s = desc_q;
+      if constexpr (kNextTileQk) {
+        if (!more) {  // the next tile's first S in place of an unused one, if there is a next tile
+          const int nqs = (it + 1) % Tr::kQStages;
+          sm90::mbar_wait(full_q(nqs), ((it + 1) / Tr::kQStages) & 1);  // its Q landed, its slot written
+          if (tile_slot(nqs).tile >= 0) {
+            const int gb = g0 + n_kblocks;  // its block 0's stage
+            sm90::mbar_wait(full_k(gb % STAGES), (gb / STAGES) & 1);
+            sK_next = sK + (gb % STAGES) * Tr::kKBytes;
+            desc_s = wg::qk_desc<HEAD_DIM>(sQ0 + nqs * Tr::kQBytes + wgi * 64 * HEAD_DIM);
+            s_ready = true;
+          }
+        }
+      }
+#else
       const uint32_t sK_next = sK + (more ? nst : st) * Tr::kKBytes;
+      const uint64_t desc_s = desc_q;
+#endif
       if constexpr (decltype(with_pv)::value) sm90::mbar_wait(full_v(st), ((g0 + kb) / STAGES) & 1);
       if (more) sm90::mbar_wait(full_k(nst), ((g0 + kb + 1) / STAGES) & 1);
       if constexpr (!kTma) fence_proxy_async_smem();
@@ -1518,18 +1565,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
       if constexpr (!decltype(s_preset)::value) wg::preset_scores<BLOCK_N>(s_i);
       wgmma_fence();
       if constexpr (!decltype(with_pv)::value) {
-        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK_next);
+        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_s, sK_next);
         wgmma_commit();
       } else if constexpr (SAGE_WG_INTERLEAVE && !SAGE_WG_WS_OVERLAP) {  // one group: the loop waits for both
         if constexpr (TWO_LEVEL)
-          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK_next, ob, pa,
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_s, sK_next, ob, pa,
                                                              sV + st * Tr::kVBytes, true);
         else
-          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_q, sK_next, o, pa,
+          wg::issue_qk_pv_interleaved<HEAD_DIM, BLOCK_N, PV>(s_i, desc_s, sK_next, o, pa,
                                                              sV + st * Tr::kVBytes, false);
         wgmma_commit();
       } else {
-        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_q, sK_next);
+        wg::issue_qk<HEAD_DIM, BLOCK_N>(s_i, desc_s, sK_next);
         wgmma_commit();
         issue_pv_block(st, pa);
         wgmma_commit();
