@@ -526,6 +526,8 @@ struct KBlock {
 // Whether P for a P.V of kind PV comes from the fp16x2 exponentials (SAGE_WG_EXP2_F16X2).
 template <PvKind PV>
 inline constexpr bool kExp2F16x2 = SAGE_WG_EXP2_F16X2 && PV == PvKind::kFp16;
+// Whether the 16-bit P.V softmaxes keep a row's maximum lazily (SAGE_WG_LAZY_RESCALE; not FP8 P).
+inline constexpr bool kLazyRescale16 = SAGE_WG_LAZY_RESCALE > 0;
 
 // S (biased int32, wgmma accumulator layout) as fp32 scores (masked: -inf), for the softmax.
 template <int BLOCK_N, bool MASK>
@@ -589,6 +591,22 @@ __device__ __forceinline__ void softmax_row_head(int r, const float (&sf)[BLOCK_
                         : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
 }
 
+// P = exp2(s * dq + neg_c) in place for n8 tiles j0 .. j1 - 1 of the thread's row r (sf from
+// scores_to_f32, neg_c from softmax_row_head), each added to partial sum (2j + e) % SUMS of the row.
+template <int BLOCK_N, int SUMS>
+__device__ __forceinline__ void exp2_row_tiles(float (&sf)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk, int r,
+                                               const float (&neg_c)[BLOCK_N / kBlkK], int j0, int j1,
+                                               float (&rowsum)[SUMS]) {
+  #pragma unroll
+  for (int j = j0; j < j1; ++j)
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
+      sf[4 * j + 2 * r + e] = pv;
+      rowsum[(2 * j + e) % SUMS] += pv;
+    }
+}
+
 // Base-2 online softmax of one block of biased int32 scores S (wgmma accumulator layout): updates
 // the running max and sum, returns the O rescale factors and P (fp32, in the accumulator layout).
 // MASK = false: the block needs no mask (blk.need_mask is false; softmax_probs below decides).
@@ -621,14 +639,7 @@ __device__ __forceinline__ void softmax_probs_of(const int32_t (&s)[BLOCK_N / 2]
     float rowsum[kSums];
     #pragma unroll
     for (int c = 0; c < kSums; ++c) rowsum[c] = 0.f;
-    #pragma unroll
-    for (int j = 0; j < kNT; ++j)
-      #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
-        sf[4 * j + 2 * r + e] = pv;
-        rowsum[(2 * j + e) % kSums] += pv;
-      }
+    exp2_row_tiles<BLOCK_N>(sf, blk, r, neg_c, 0, kNT, rowsum);
     float sum = rowsum[0];
     if constexpr (kSums == 4) sum = (rowsum[0] + rowsum[1]) + (rowsum[2] + rowsum[3]);
     l_run[r] = l_run[r] * alpha[r] + sum;
@@ -709,7 +720,7 @@ __device__ __forceinline__ void softmax_packed(const int32_t (&s)[BLOCK_N / 2], 
     softmax_probs_of<BLOCK_N, MASK, SAGE_WG_FP8_P_FOLD>(s, blk, m_run, l_run, alpha, sf);
     pack_p8_frags<BLOCK_N>(sf, pa);
   } else {
-    softmax_probs_of<BLOCK_N, MASK, false, (SAGE_WG_LAZY_RESCALE > 0), kExp2F16x2<PV>>(s, blk, m_run, l_run, alpha, sf);
+    softmax_probs_of<BLOCK_N, MASK, false, kLazyRescale16, kExp2F16x2<PV>>(s, blk, m_run, l_run, alpha, sf);
     pack_p16_frags<BLOCK_N, PV, kExp2F16x2<PV>>(sf, pa);
   }
 }
@@ -721,7 +732,7 @@ __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], 
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
   with_mask_choice(blk, [&](auto mask) {
     float sf[BLOCK_N / 2];
-    softmax_probs_of<BLOCK_N, decltype(mask)::value, false, (SAGE_WG_LAZY_RESCALE > 0), kExp2F16x2<PV>>(
+    softmax_probs_of<BLOCK_N, decltype(mask)::value, false, kLazyRescale16, kExp2F16x2<PV>>(
         s, blk, m_run, l_run, alpha, sf);
     pack_p16_frags<BLOCK_N, PV, kExp2F16x2<PV>>(sf, pn);
   });
@@ -745,27 +756,20 @@ __device__ __forceinline__ void softmax_in_parts(const int32_t (&s)[BLOCK_N / 2]
   // (C7520, "compiler-inserted WG.AR in divergent path")
   with_mask_choice(blk, [&](auto mask) { scores_to_f32<BLOCK_N, decltype(mask)::value>(s, blk, sf); });
   #pragma unroll
-  for (int r = 0; r < 2; ++r) softmax_row_head<BLOCK_N, false, (SAGE_WG_LAZY_RESCALE > 0)>(r, sf, blk, m_run, alpha, neg_c[r]);
+  for (int r = 0; r < 2; ++r) softmax_row_head<BLOCK_N, false, kLazyRescale16>(r, sf, blk, m_run, alpha, neg_c[r]);
   after_head();
-  float rowsum[2] = {0.f, 0.f};
+  float rowsum[2][1] = {{0.f}, {0.f}};
   #pragma unroll
   for (int part = 0; part < PARTS; ++part) {
     #pragma unroll
     for (int r = 0; r < 2; ++r)
-      #pragma unroll
-      for (int j = part * kTiles; j < (part + 1) * kTiles; ++j)
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pv = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[r][j / 8]), j);
-          sf[4 * j + 2 * r + e] = pv;
-          rowsum[r] += pv;
-        }
+      exp2_row_tiles<BLOCK_N>(sf, blk, r, neg_c[r], part * kTiles, (part + 1) * kTiles, rowsum[r]);
     #pragma unroll
     for (int kc = part * kTiles / 2; kc < (part + 1) * kTiles / 2; ++kc) pack_p16_step<PV>(sf, kc, pa[kc]);
     issue_part(part);
   }
   #pragma unroll
-  for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rowsum[r];
+  for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rowsum[r][0];
 }
 
 // SAGE_WG_WS_P_SMEM: the A fragments of part `part`'s k-steps to the warpgroup's P tile (64 rows,
