@@ -394,6 +394,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       cp_async_wait<kStages - 2>();
       __syncthreads();
     }
+    // Two buffers keep the code they had: written in the general form below (with or without a
+    // buffer-index helper), the shipped kernels' SASS changed in all four files (tried, nvcc 13.0).
     if constexpr (kStages == 2) {
       if (kb + 1 < n_kblocks) {
         load_k(kb + 1, (kb + 1) & 1);
