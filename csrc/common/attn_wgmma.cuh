@@ -110,8 +110,19 @@ namespace sage {
 // issues the next tile's first S = Q' K'_0 (its Q and K_0 are in shared memory by then) where it
 // issued an unused S on its own K, so the next tile starts at its softmax: its first QK and its
 // Q / K wait leave the tile start (about 420 and 1000-1400 cycles a tile in the 6f496e1 traces).
-// The consumer reads the next tile's slot a block earlier. 0: off. Compiled, not yet run on a GPU.
+// The consumer reads the next tile's slot a block earlier. 0: off. H100, 2026-12-06
+// (benchmarks/results/h100-2026-12-06-tune-a4a5c67-native.log, variant nt): 0.980x geomean,
+// 0.932-1.035x; its trace took the first QK off the tile start (~420 -> ~53 cycles) but left the
+// ~1000 cycles before it, and the K loop ran 5% slower a block (2889 against 2686 at n=1024).
 #define SAGE_WG_NEXT_TILE_QK 0
+#endif
+#ifndef SAGE_WG_TILE_DECODE32
+// Persistent kernel: a tile index decoded with 32-bit divisions when the launch has fewer than
+// 2^31 tiles (always, in practice), instead of the int64 ones (two calls of the compiler's 64-bit
+// division routine per decode, by role and tile). The nt trace above spent ~1000 cycles between a
+// tile's start and its first softmax with no Q or K left to wait for: the decode is most of what
+// runs there. 0: off.
+#define SAGE_WG_TILE_DECODE32 0
 #endif
 #ifndef SAGE_WG_MASK_BRANCH
 // Blocks that need no mask for any of the warp's rows take a softmax without mask code
@@ -1305,6 +1316,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
   const int64_t n_tiles = PERSISTENT ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
   const int64_t first_tile = PERSISTENT ? blockIdx.x : 0, tile_step = PERSISTENT ? gridDim.x : 1;
   auto tile_at = [&](int64_t tile) {
+    if constexpr (PERSISTENT && SAGE_WG_TILE_DECODE32) {
+      if (n_tiles <= INT32_MAX) {  // then heads * batch and the quotients fit 32 bits too
+        const uint32_t t = static_cast<uint32_t>(tile), nq = static_cast<uint32_t>(n_qblocks);
+        const uint32_t heads = static_cast<uint32_t>(p.q_heads), hb_count = heads * static_cast<uint32_t>(p.batch);
+        const bool qblock_major = SAGE_WG_TILE_ORDER == 1;  // as CtaTile's int64 decode
+        const uint32_t qblk = qblock_major ? t / hb_count : t % nq, hb = qblock_major ? t % hb_count : t / nq;
+        return CtaTile(p, Tr::kCtaQ, BLOCK_N, static_cast<int>(qblk), static_cast<int>(hb % heads),
+                       static_cast<int>(hb / heads), n_qblocks);
+      }
+    }
     return PERSISTENT ? CtaTile(p, Tr::kCtaQ, BLOCK_N, tile, n_qblocks, SAGE_WG_TILE_ORDER == 1)
                       : CtaTile(p, Tr::kCtaQ, BLOCK_N);
   };
