@@ -107,9 +107,14 @@ def _run_sdpa(call: AttnCall, q, k, v):
     qh, kh, vh = (q, k, v) if p.tensor_layout == "HND" else (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
     mask = call.attn_mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != p.dtype:
-        # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
-        # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
-        qh, kh, vh = qh.float(), kh.float(), vh.float()
+        if p.dtype == torch.float64:
+            # An fp32 additive mask with float64 inputs: the mask widens exactly; running the
+            # inputs in fp32 instead would silently lose float64's precision.
+            mask = mask.double()
+        else:
+            # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
+            # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
+            qh, kh, vh = qh.float(), kh.float(), vh.float()
     gqa = p.q_heads != p.kv_heads
     if gqa and p.q_heads > MAX_GRID_YZ:
         # SDPA's enable_gqa (cuDNN, its default there) returned a wrong output, cosine 0 against fp32,

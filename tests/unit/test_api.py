@@ -124,6 +124,17 @@ def test_masks_are_honoured():
     assert not torch.allclose(out, sa.sageattn(q, k, v))
 
 
+def test_float32_additive_mask_keeps_float64_precision():
+    # float64 inputs with an fp32 additive mask ran SDPA in fp32 (error about 1e-7, float32's).
+    q, k, v = (t.double() for t in qkv(hkv=4))
+    add32 = torch.randn(1, 4, 24, 40) * 3
+    ref = sdpa(q, k, v, attn_mask=add32.double())
+    out, lse = sa.sageattn(q, k, v, attn_mask=add32, return_lse=True)
+    assert out.dtype == torch.float64 and (out - ref).abs().max() < 1e-12
+    assert torch.allclose(lse, torch.logsumexp(q @ k.transpose(-1, -2) / 8 + add32.double(), -1).float())
+    assert torch.equal(sa.scaled_dot_product_attention(q, k, v, add32), ref)
+
+
 def test_sdpa_keywords_are_honoured():
     q, k, v = qkv()
     assert torch.equal(sa.sageattn(q, k, v, scale=0.25), sdpa(q, k, v, scale=0.25))
