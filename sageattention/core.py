@@ -169,25 +169,38 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
     return (out, lse) if call.return_lse else out
 
 
-def _empty_outputs(call: AttnCall, q):
+def _tied(out: torch.Tensor, *sources) -> torch.Tensor:
+    """`out`, recorded by autograd against each source that requires grad (a zero gradient), where
+    it is not already: as SDPA's output is, so backward() runs and q.grad is zeros, not None. The
+    sum of an empty slice adds an exact 0 whatever the source holds (inf and NaN included)."""
+    if out.requires_grad or not torch.is_grad_enabled():
+        return out
+    for t in sources:
+        if t is not None and t.requires_grad:
+            out = out + t[None, ..., :0].sum()
+    return out
+
+
+def _empty_outputs(call: AttnCall, q, k, v):
     """Nothing to attend over: (zeros of q's shape, LSE of -inf), the LSE None unless asked for."""
     p = call.problem
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    out = _tied(torch.zeros_like(q, memory_format=torch.contiguous_format), q, k, v, call.attn_mask)
     if not call.return_lse:
         return out, None
-    return out, torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
+    lse = torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
+    return out, _tied(lse, q, k, v, call.attn_mask)
 
 
-def _empty_result(call: AttnCall, q):
+def _empty_result(call: AttnCall, q, k, v):
     """Nothing to attend over: zeros of q's shape (no keys) or an empty tensor (no queries)."""
     record_backend(None)
-    out, lse = _empty_outputs(call, q)
+    out, lse = _empty_outputs(call, q, k, v)
     return (out, lse) if call.return_lse else out
 
 
 def _attend(call: AttnCall, q, k, v, *, candidates=None, allow_fallback=True, request=None):
     if call.problem.empty:
-        return _empty_result(call, q)
+        return _empty_result(call, q, k, v)
     choice = dispatch.choose_for_call(call, candidates=candidates, allow_fallback=allow_fallback,
                                       request=request)
     return _run(call, choice, q, k, v)
@@ -413,7 +426,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
                              allow_fallback=True, forced=forced)
     if q.shape[0] == 0:
         record_backend(None)
-        return torch.zeros_like(q)
+        return _tied(torch.zeros_like(q), q, k, v)
     q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike
     if not choice.fallback:
         from sageattention import triton as triton_backend
@@ -436,5 +449,5 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
                         enable_gqa=problem.q_heads != problem.kv_heads)
         pieces.append(o[0].transpose(0, 1))
     record_backend(SDPA)
-    return torch.cat(pieces, dim=0)
+    return _tied(torch.cat(pieces, dim=0), q, k, v)   # every sequence without keys: still recorded
 

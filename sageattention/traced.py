@@ -85,7 +85,7 @@ def grad_sdpa(call, q, k, v):
             f"backend {forced!r} is forced but cannot run this call: forward only (inputs require "
             "grad); force 'sdpa' or run the call without grad")
     # core._empty_result's outputs without its last_backend bookkeeping (thread-local: not traced)
-    out, lse = core._empty_outputs(call, q) if call.problem.empty else core._run_sdpa(call, q, k, v)
+    out, lse = core._empty_outputs(call, q, k, v) if call.problem.empty else core._run_sdpa(call, q, k, v)
     return (out, lse) if call.return_lse else out
 
 

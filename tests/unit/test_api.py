@@ -253,6 +253,35 @@ def test_unknown_keyword_warns_once_by_name(monkeypatch):
         sa.sageattn(q, k, v, tile_size=4)
 
 
+@pytest.mark.parametrize("shape_kw", [{"b": 0}, {"nq": 0}, {"nk": 0}, {"hq": 0, "hkv": 0}, {"d": 0}])
+def test_empty_inputs_that_require_grad_are_recorded_by_autograd(shape_kw):
+    # SDPA's output is recorded here too; ours was a constant: backward() raised "element 0 of
+    # tensors does not require grad" and q.grad stayed None (so did a learned mask's).
+    q, k, v = qkv(dtype=torch.float32, **shape_kw)
+    q[..., :1] = math.inf   # no NaN leaks in through the zero gradient's bookkeeping
+    bias = torch.zeros(q.shape[2], k.shape[2], requires_grad=True)
+    for t in (q, k, v):
+        t.requires_grad_()
+    out, lse = sa.sageattn(q, k, v, attn_mask=bias, return_lse=True)
+    assert out.requires_grad and lse.requires_grad and not out.any() and not out.isnan().any()
+    out.sum().backward()
+    for t in (q, k, v, bias):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+    with torch.no_grad():
+        assert not sa.sageattn(q, k, v).requires_grad
+
+
+@pytest.mark.parametrize("lens_q, lens_k", [((), ()), ((3, 5), (0, 0))])
+def test_varlen_without_keys_or_queries_is_recorded_by_autograd(lens_q, lens_k):
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k)
+    q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q, default=0), 0)
+    assert out.shape == q.shape and not out.any()
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+
+
 # --- varlen ---------------------------------------------------------------------------------
 
 def packed(lens_q, lens_k, hq=4, hkv=2, d=64):
