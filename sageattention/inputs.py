@@ -181,6 +181,8 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     if not ok:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                          f"[batch, q_heads, q_len, kv_len] = {list(target)}")
+    while attn_mask.dim() < 2:   # a [kv_len] or scalar mask: torch's SDPA indexes dim -2 (IndexError)
+        attn_mask = attn_mask.unsqueeze(0)
     return attn_mask
 
 

@@ -124,6 +124,20 @@ def test_masks_are_honoured():
     assert not torch.allclose(out, sa.sageattn(q, k, v))
 
 
+@pytest.mark.parametrize("shape", [(40,), (), (1, 40)])
+def test_masks_of_fewer_than_two_dims_broadcast(shape):
+    # A [kv_len] or scalar mask broadcasts (the Triton kernels take it); the SDPA fallback raised
+    # torch's IndexError ("Dimension out of range") for it.
+    q, k, v = qkv()
+    keep = torch.rand(shape) > 0.3 if shape else torch.tensor(True)
+    bias = torch.randn(shape, dtype=torch.float16)
+    for mask in (keep, bias):
+        full = mask.expand(24, 40)
+        out, lse = sa.sageattn(q, k, v, attn_mask=mask, return_lse=True)
+        ref, ref_lse = sa.sageattn(q, k, v, attn_mask=full, return_lse=True)
+        assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
 def test_float32_additive_mask_keeps_float64_precision():
     # float64 inputs with an fp32 additive mask ran SDPA in fp32 (error about 1e-7, float32's).
     q, k, v = (t.double() for t in qkv(hkv=4))
