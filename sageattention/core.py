@@ -17,7 +17,7 @@ from . import dispatch
 from .backends import MAX_GRID_YZ, SDPA, backend
 from .dispatch import BackendChoice, log_once, record_backend
 from .inputs import (PV_ACCUM_DTYPES_FP8, PV_ACCUM_DTYPES_FP16, QUANTIZATION_BACKENDS, SAGEATTN_KEYWORDS,
-                     AttnCall, check_bool, check_choice, check_varlen, parse_call, resolve_sm_scale,
+                     AttnCall, check_bool, check_choice, check_dropout, check_varlen, parse_call, resolve_sm_scale,
                      split_kwargs)
 
 __all__ = ["sageattn", "sageattn_qk_int8_pv_fp16_cuda", "sageattn_qk_int8_pv_fp16_triton",
@@ -411,14 +411,20 @@ def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, sm_scale,
             smooth_k, kwargs):
-    options = split_kwargs("sageattn_varlen", kwargs, {"scale": None})
+    # SDPA's keywords that change the result are honoured or refused, never dropped with a warning.
+    options = split_kwargs("sageattn_varlen", kwargs, {"scale": None, "attn_mask": None, "dropout_p": 0.0})
+    if options["attn_mask"] is not None:
+        raise ValueError("sageattn_varlen() takes no attn_mask: cu_seqlens_q/cu_seqlens_k keep the sequences "
+                         "apart and is_causal=True masks within each; for another mask, call sageattn per "
+                         "sequence with attn_mask=...")
+    dropout_p = check_dropout(options["dropout_p"])
     problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     is_causal = check_bool("is_causal", is_causal)
     smooth_k = check_bool("smooth_k", smooth_k)
     scale = resolve_sm_scale(sm_scale, options["scale"], problem.head_dim)
     req = dispatch.Request(device_type=problem.device.type,
                            capability=dispatch.device_capability(problem.device), dtype=problem.dtype,
-                           head_dim=problem.head_dim, requires_grad=problem.requires_grad,
+                           head_dim=problem.head_dim, requires_grad=problem.requires_grad, dropout=dropout_p > 0,
                            batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads,
                            scale_magnitude=dispatch.scale_magnitude(scale))
     forced = dispatch.forced_backend()
@@ -445,7 +451,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
             pieces.append(torch.zeros_like(q[q0:q1]))
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        o = _torch_sdpa(qs, ks, vs, is_causal=is_causal, scale=scale,
+        o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=problem.q_heads != problem.kv_heads)
         pieces.append(o[0].transpose(0, 1))
     record_backend(SDPA)

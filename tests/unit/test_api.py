@@ -306,6 +306,30 @@ def packed(lens_q, lens_k, hq=4, hkv=2, d=64):
     return q, k, v, cu[0], cu[1]
 
 
+def test_varlen_honours_dropout_and_refuses_a_mask(monkeypatch):
+    # Both were ignored with one UserWarning per process (later calls: silently), giving an
+    # output without dropout or without the mask.
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
+    lens = (5, 0, 17, 9)
+    q, k, v, cu_q, cu_k = packed(lens, lens)
+    q, k, v = q.float(), k.float(), v.float()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.manual_seed(3)
+        out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17, is_causal=True, dropout_p=0.5)
+        assert torch.equal(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17, dropout_p=0.0),
+                           sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17))
+    torch.manual_seed(3)
+    pieces = [sdpa(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), dropout_p=0.5, is_causal=True)[0]
+              .transpose(0, 1) for a, b in zip(cu_q.tolist(), cu_q.tolist()[1:]) if b > a]
+    assert torch.equal(out, torch.cat(pieces))
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17, dropout_p=1.5)
+    with pytest.raises(ValueError, match="takes no attn_mask"):
+        sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17, attn_mask=torch.ones(31, 31, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_fallback_is_sdpa_per_sequence(causal):
     lens_q, lens_k = (5, 0, 17, 9), (7, 3, 12, 0)
