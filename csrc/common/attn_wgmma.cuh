@@ -116,16 +116,6 @@ namespace sage {
 // ~1000 cycles before it, and the K loop ran 5% slower a block (2889 against 2686 at n=1024).
 #define SAGE_WG_NEXT_TILE_QK 0
 #endif
-#ifndef SAGE_WG_SPEC_MAX
-// 16-bit P.V with the lazy rescale: a block's exponentials start from the row's running maximum
-// before the block's own maximum is known, and that maximum, computed beside them, only checks the
-// lazy rule (no row of the warp passed its running maximum by more than 2^SAGE_WG_LAZY_RESCALE),
-// under which the exponent offset is the running maximum anyway. If a row did, or has no maximum
-// yet (a tile's first block), the warp redoes the block the usual way. Same bits either way; what
-// moves is the max reduction (compares, two shuffles, the rescale's exp2) off the exponentials'
-// path. 0: off.
-#define SAGE_WG_SPEC_MAX 0
-#endif
 #ifndef SAGE_WG_TILE_DECODE32
 // Persistent kernel: a tile index decoded with 32-bit divisions when the launch has fewer than
 // 2^31 tiles (always, in practice), instead of the int64 ones (two calls of the compiler's 64-bit
@@ -755,70 +745,12 @@ __device__ __forceinline__ void softmax_packed(const int32_t (&s)[BLOCK_N / 2], 
   }
 }
 
-// Whether the 16-bit P.V softmax of kind PV speculates on the running maximum (SAGE_WG_SPEC_MAX).
-template <PvKind PV>
-inline constexpr bool kSpecMax = SAGE_WG_SPEC_MAX && kLazyRescale16 && !kExp2F16x2<PV> && PV != PvKind::kFp8;
-
-// SAGE_WG_SPEC_MAX's fast path, for a warp whose rows all have a running maximum: P = exp2(s * dq -
-// (bias * dq + m_run)) packed straight into the 16-bit A fragments (the scores stay, for the redo),
-// row sums in softmax_probs_of's order. True (alpha 1, l_run updated) if the lazy rule kept every
-// row's maximum; false, m_run / l_run / alpha untouched, if the warp must redo the block.
-template <int BLOCK_N, bool MASK, PvKind PV>
-__device__ __forceinline__ bool softmax_on_running_max(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
-                                                       float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
-                                                       uint32_t (&pn)[BLOCK_N / 16][4]) {
-  constexpr int kNT = BLOCK_N / 8, kSub = BLOCK_N / kBlkK;
-  constexpr int kSums = SAGE_WG_SOFTMAX_ILP ? 4 : 1;
-  float sf[BLOCK_N / 2];
-  scores_to_f32<BLOCK_N, MASK>(s, blk, sf);
-  float sum[2];
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float neg_c[kSub];
-    #pragma unroll
-    for (int sub = 0; sub < kSub; ++sub) neg_c[sub] = -fmaf(kScoreBiasF, blk.dq[sub], m_run[r]);
-    float rowsum[kSums];
-    #pragma unroll
-    for (int c = 0; c < kSums; ++c) rowsum[c] = 0.f;
-    #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      float pv[2];
-      #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        pv[e] = softmax_exp2<SAGE_WG_EXP2_FMA>(fmaf(sf[4 * j + 2 * r + e], blk.dq[j / 8], neg_c[j / 8]), j);
-        rowsum[(2 * j + e) % kSums] += pv[e];
-      }
-      pn[j / 2][2 * (j % 2) + r] = pack_p16<PV>(pv[0], pv[1]);  // pack_p16_step's place of (j, r)
-    }
-    sum[r] = rowsum[0];
-    if constexpr (kSums == 4) sum[r] = (rowsum[0] + rowsum[1]) + (rowsum[2] + rowsum[3]);
-  }
-  constexpr float kLazy = static_cast<float>(SAGE_WG_LAZY_RESCALE);
-  const bool kept = row_block_max<BLOCK_N>(0, sf, blk) <= m_run[0] + kLazy &&
-                    row_block_max<BLOCK_N>(1, sf, blk) <= m_run[1] + kLazy;
-  if (!__all_sync(0xffffffffu, kept)) return false;
-  #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    alpha[r] = 1.f;
-    l_run[r] += sum[r];
-  }
-  return true;
-}
-
-// The softmax and the 16-bit packing together (the 16-bit P.V paths). SPEC: try
-// softmax_on_running_max first (kSpecMax<PV>, where the caller has the registers).
-template <int BLOCK_N, PvKind PV, bool SPEC = false>
+// The softmax and the 16-bit packing together (the 16-bit P.V paths).
+template <int BLOCK_N, PvKind PV>
 __device__ __forceinline__ void online_softmax(const int32_t (&s)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk,
                                                float (&m_run)[2], float (&l_run)[2], float (&alpha)[2],
                                                uint32_t (&pn)[BLOCK_N / 16][4]) {
   with_mask_choice(blk, [&](auto mask) {
-    if constexpr (SPEC) {
-      static_assert(kSpecMax<PV>, "SPEC needs SAGE_WG_SPEC_MAX and a 16-bit P.V with the lazy rescale");
-      // -inf, a row with no maximum yet, would make the fast path's offset infinite
-      if (__all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY) &&
-          softmax_on_running_max<BLOCK_N, decltype(mask)::value, PV>(s, blk, m_run, l_run, alpha, pn))
-        return;
-    }
     float sf[BLOCK_N / 2];
     softmax_probs_of<BLOCK_N, decltype(mask)::value, false, kLazyRescale16, kExp2F16x2<PV>>(
         s, blk, m_run, l_run, alpha, sf);
@@ -1342,9 +1274,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
                 "SAGE_WG_QK_AHEAD needs SAGE_WG_FUSED_UPDATE, and no ping-pong, overlap or interleave");
   constexpr bool kDynamic = PERSISTENT && SAGE_WG_PERSISTENT == 2;  // tiles from tile_counter
   // SAGE_WG_NEXT_TILE_QK: the plain loop of the dynamic persistent kernel only
-  // SAGE_WG_SPEC_MAX where the consumers have the registers to hold a block's scores and its packed P
-  // at once (at 160 a thread, three d=64 warpgroups, ptxas spilled 152 bytes)
-  constexpr bool kSpecMax = wg::kSpecMax<PV> && Tr::kConsumerRegs >= 200;
   [[maybe_unused]] constexpr bool kNextTileQk =
       SAGE_WG_NEXT_TILE_QK && kDynamic && !kPOverlap && !SAGE_WG_QK_AHEAD && !SAGE_WG_WS_OVERLAP;
   constexpr int kProducerBarrier = 3;  // named barrier of the producer's 128 threads (ping-pong: 1, 2)
@@ -1933,7 +1862,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
         issue_products(kb, pa_split, std::false_type{}, std::false_type{});
       } else {
         uint32_t pa[BLOCK_N / 16][4];
-        wg::online_softmax<BLOCK_N, PV, kSpecMax>(s_i, blk, m_run, l_run, alpha, pa);
+        wg::online_softmax<BLOCK_N, PV>(s_i, blk, m_run, l_run, alpha, pa);
         rescale_o(alpha);  // P_{kb-1} V_{kb-1} completed last iteration
         stamp(kb, 1);
         issue_products(kb, pa, std::false_type{}, std::true_type{});
