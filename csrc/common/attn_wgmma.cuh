@@ -555,7 +555,9 @@ __device__ __forceinline__ void scores_to_f32(const int32_t (&s)[BLOCK_N / 2], c
 }
 
 // The row's largest dequantized score in the block (the max over its 64-key scale blocks of the
-// largest raw score times dq), over the quad's four threads; -inf where all are masked.
+// largest raw score times dq), over the quad's four threads; -inf where all are masked. Its
+// shuffles take the whole warp: call it from every lane, never behind a lane's own condition (a
+// `first && row_block_max(1) ...` did that, and the warp hung at the shuffle, 2026-12-06).
 template <int BLOCK_N>
 __device__ __forceinline__ float row_block_max(int r, const float (&sf)[BLOCK_N / 2], const KBlock<BLOCK_N>& blk) {
   constexpr int kSub = BLOCK_N / kBlkK;
