@@ -187,7 +187,12 @@ def test_rising_row_maxima_match_reference(fam, d, causal, dtype):
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     r_out, r_lse = ref(fam, q, k, v, causal=causal)
     cos, rel, mx = metrics(out, r_out)
-    assert cos >= 0.99999 and mx < 0.05, (cos, rel, mx)
+    # FP8 P.V: a row here is mostly one key, and P in e4m3 is 1/16 to 1/8 of itself apart from its
+    # neighbours, so where the kernel's exp2 and the reference's land on either side of a rounding
+    # boundary the row moves by that much of one V value (H100, 2026-12-06: max 0.053-0.090 for
+    # both FP8 families, relative L1 <= 3.8e-4); 16-bit P.V stays within the usual 0.05.
+    max_abs = 0.05 if SPEC[fam][3] == "fp16" else 0.25
+    assert cos >= 0.99999 and rel <= 1e-3 and mx < max_abs, (cos, rel, mx)
     assert torch.allclose(lse, r_lse, atol=LSE_ATOL, rtol=0)
 
 
