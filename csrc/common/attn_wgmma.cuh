@@ -113,15 +113,17 @@ namespace sage {
 // The consumer reads the next tile's slot a block earlier. 0: off. H100, 2026-12-06
 // (benchmarks/results/h100-2026-12-06-tune-a4a5c67-native.log, variant nt): 0.980x geomean,
 // 0.932-1.035x; its trace took the first QK off the tile start (~420 -> ~53 cycles) but left the
-// ~1000 cycles before it, and the K loop ran 5% slower a block (2889 against 2686 at n=1024).
+// ~1000 cycles before it, and the K loop ran slower (2760-2890 cycles a block against 2600-2690 at
+// n=1024, benchmarks/results/h100-2026-12-06-tune-a4a5c67-trace.log).
 #define SAGE_WG_NEXT_TILE_QK 0
 #endif
 #ifndef SAGE_WG_TILE_DECODE32
 // Persistent kernel: a tile index decoded with 32-bit divisions when the launch has fewer than
 // 2^31 tiles (always, in practice), instead of the int64 ones (two calls of the compiler's 64-bit
 // division routine per decode, by role and tile). The nt trace above spent ~1000 cycles between a
-// tile's start and its first softmax with no Q or K left to wait for: the decode is most of what
-// runs there. 0: off.
+// tile's start and its first softmax with no Q or K left to wait for; the decode is part of what
+// runs there. 0: off. H100, 2026-12-06 (h100-2026-12-06-tune-b097707-native.log, variant d32):
+// that stretch shrank to 770-970 cycles, the time did not move (0.995x geomean, 0.965-1.018x).
 #define SAGE_WG_TILE_DECODE32 0
 #endif
 #ifndef SAGE_WG_MASK_BRANCH
@@ -223,7 +225,9 @@ namespace sage {
 #define SAGE_WG_TRACE_TILES 2  // tiles traced per consumer warpgroup (persistent CTAs run several)
 #endif
 #ifndef SAGE_WG_EXP2_FMA
-#define SAGE_WG_EXP2_FMA 0  // n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma)
+// n8 score tiles out of every 8 whose exp2 runs on the FMA pipe (exp2_fma). Slower wherever tried;
+// last on the three-stage sm90 default, H100 2026-12-06: 1 gave 0.976x (h100-2026-12-06-tune-b097707-native.log).
+#define SAGE_WG_EXP2_FMA 0
 #endif
 #ifndef SAGE_WG_EXP2_F16X2
 // 16-bit fp16 P.V only: P as ex2.approx.f16x2 of the fp16-rounded exponents, one instruction per
