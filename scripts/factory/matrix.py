@@ -30,6 +30,8 @@ RUNNER_KEYS = {"build": "OS -> labels", "validate": "SM -> labels"}
 GROUP_KEYS = {"name": "group name", "os": "linux/windows", "python": "'3.12'",
               "torch": "'2.12.0'", "cuda": "'13.0'", "sm": "SM targets",
               "runners": "per-group runner override"}
+EXAMPLES = {"os": "linux", "python": '"3.12"', "torch": '"2.12.0"', "cuda": '"13.0"',
+            "sm": "[sm80]"}
 REQUIRED_GROUP_KEYS = ("os", "python", "torch", "cuda", "sm")
 # Names people reach for first, mapped to ours (checked before fuzzy matching).
 KEY_ALIASES = {"arch": "sm", "archs": "sm", "sms": "sm", "targets": "sm", "sm_targets": "sm",
@@ -62,9 +64,13 @@ def _version_string(value: Any, field: str, where: str, problems: list[str]) -> 
                         f"(YAML reads unquoted 3.10 as 3.1); write {field}: \"{value}\"")
         return None
     try:
-        Version(value)
+        release = Version(value).release
     except InvalidVersion:
         problems.append(f"{where}: field {field!r}: {value!r} is not a version")
+        return None
+    if len(release) < 2:
+        problems.append(f"{where}: field {field!r}: {value!r} needs a major and a minor version, "
+                        f"e.g. {field}: {EXAMPLES[field]}")
         return None
     return value
 
@@ -86,6 +92,11 @@ def _parse_runners(raw: Any, where: str, problems: list[str]) -> tuple[dict, dic
         return {}, {}
     problems += _unknown_keys(raw, RUNNER_KEYS, f"{where}.runners")
     build, validate = {}, {}
+    for key, meaning in RUNNER_KEYS.items():
+        if not isinstance(raw.get(key) or {}, dict):
+            problems.append(f"{where}.runners.{key}: must be a mapping {meaning}, got "
+                            f"{raw[key]!r}")
+            raw = {**raw, key: {}}
     for os_name, labels in (raw.get("build") or {}).items():
         if os_name not in OSES:
             problems.append(f"{where}.runners.build: unknown OS {os_name!r} "
@@ -188,6 +199,11 @@ def parse_matrix(data: Any, source: str = "build_matrix.yaml",
             versions[field] = [v for v in values if v is not None]
         wheel_targets = [_parse_wheel_targets(e, where, problems) for e in _as_list(group["sm"])]
         wheel_targets = [t for t in wheel_targets if t is not None]
+        for field in ("os", "python", "torch", "cuda", "sm"):
+            if _as_list(group[field]) == []:
+                problems.append(f"{where}: field {field!r} is an empty list, so the group "
+                                f"builds nothing; give at least one value, e.g. "
+                                f"{field}: {EXAMPLES[field]}")
 
         for os_name, py, torch, cuda, targets in itertools.product(
                 oses, versions["python"], versions["torch"], versions["cuda"], wheel_targets):

@@ -114,6 +114,30 @@ def test_missing_fields_and_bad_top_level():
         matrix.parse_matrix(["not", "a", "mapping"])
 
 
+def test_runners_that_are_not_mappings_are_problems_not_crashes():
+    data = copy.deepcopy(BASE)
+    data["runners"] = {"build": ["ubuntu-24.04"], "validate": ["gpu"]}
+    found = problems_of(data)
+    assert any("top level.runners.build: must be a mapping" in p for p in found), found
+    assert any("top level.runners.validate: must be a mapping" in p for p in found), found
+
+
+@pytest.mark.parametrize("field, value", [("cuda", "13"), ("python", "3"), ("torch", "2")])
+def test_versions_without_a_minor_are_problems_not_crashes(field, value):
+    data = copy.deepcopy(BASE)
+    data["cells"][0][field] = value
+    (problem,) = problems_of(data)
+    assert f"field {field!r}: {value!r} needs a major and a minor version" in problem
+
+
+@pytest.mark.parametrize("field", ["os", "python", "torch", "cuda", "sm"])
+def test_an_empty_list_is_a_problem_not_a_group_without_cells(field):
+    data = copy.deepcopy(BASE)
+    data["cells"][0][field] = []
+    found = problems_of(data)
+    assert any(f"field {field!r} is an empty list" in p for p in found), found
+
+
 def test_check_cli_reports_a_broken_file(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\ncells:\n  - os: linux\n    python: '3.11'\n    torch: '2.14.1'\n"
