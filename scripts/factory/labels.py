@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from packaging.tags import Tag
-from packaging.utils import parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from .arch import REPO_ROOT
@@ -79,7 +79,11 @@ class WheelIdentity:
 def parse_wheel_name(filename: str | Path) -> WheelIdentity:
     """Parse a sageattention wheel name; ValueError says what is wrong with it."""
     name = Path(filename).name
-    dist, version, _build, tags = parse_wheel_filename(name)
+    try:
+        dist, version, _build, tags = parse_wheel_filename(name)
+    except InvalidWheelFilename as exc:
+        raise ValueError(f"{name!r} is not a wheel file name ({exc}); expected "
+                         "'<name>-<version>-<python tag>-<abi tag>-<platform tag>.whl'") from None
     if dist != PROJECT:
         raise ValueError(f"{name}: not a {PROJECT} wheel (distribution {dist!r})")
     if version.local is None:

@@ -16,7 +16,7 @@ from packaging.version import Version
 from . import arch
 from .arch import REPO_ROOT
 from .errors import WheelCheckError
-from .labels import LocalLabel, cell_for_wheel, parse_wheel_name
+from .labels import LocalLabel, WheelIdentity, cell_for_wheel, parse_wheel_name
 
 if TYPE_CHECKING:
     from .model import Matrix
@@ -25,23 +25,42 @@ BUILD_INFO = "sageattention/_build_info.json"
 DIST_INFO_FILES = ("METADATA", "WHEEL", "RECORD", "top_level.txt")
 
 
+def wheel_identity(path: Path) -> WheelIdentity:
+    """The factory identity of the wheel file at ``path``; WheelCheckError when it has none."""
+    path = Path(path)
+    try:
+        ident = parse_wheel_name(path.name)
+    except ValueError as exc:
+        raise WheelCheckError(str(exc)) from None
+    if not path.is_file():
+        raise WheelCheckError(f"no such wheel file: {path}")
+    return ident
+
+
 def read_wheel(path: Path) -> tuple[list[str], email.message.Message, dict]:
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-        meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
-        if meta_name is None:
-            raise WheelCheckError(f"{path.name}: no .dist-info/METADATA")
-        metadata = email.parser.Parser().parsestr(zf.read(meta_name).decode("utf-8"))
-        if BUILD_INFO not in names:
-            raise WheelCheckError(f"{path.name}: no {BUILD_INFO} (not a factory build?)")
-        info = json.loads(zf.read(BUILD_INFO))
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+            if meta_name is None:
+                raise WheelCheckError(f"{path.name}: no .dist-info/METADATA")
+            metadata = email.parser.Parser().parsestr(zf.read(meta_name).decode("utf-8"))
+            if BUILD_INFO not in names:
+                raise WheelCheckError(f"{path.name}: no {BUILD_INFO} (not a factory build?)")
+            info = json.loads(zf.read(BUILD_INFO))
+    except zipfile.BadZipFile as exc:
+        raise WheelCheckError(f"{path.name}: not a wheel: {exc} (a wheel is a zip archive)") \
+            from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WheelCheckError(f"{path.name}: unreadable METADATA or {BUILD_INFO}: {exc}") \
+            from None
     return names, metadata, info
 
 
 def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
     """Every disagreement between the wheel's name, METADATA and build info."""
     path = Path(path)
-    ident = parse_wheel_name(path.name)
+    ident = wheel_identity(path)
     names, metadata, info = read_wheel(path)
     problems = []
     meta_version = Version(metadata["Version"])

@@ -397,3 +397,24 @@ def test_an_sm90_wheel_must_hold_the_sm80_sm89_sm90_and_sm90_fp8_families(tmp_pa
     assert "build info families ['sm80', 'sm89', 'sm90'] != ['sm80', 'sm89', 'sm90', 'sm90_fp8'] " \
            "(what families.json says the SMs need)" in problems
     assert "extension sageattention._kernels_sm90_fp8 (family sm90_fp8) missing" in problems
+
+
+@pytest.mark.parametrize("name, content, words", [
+    ("notes.txt", b"x", "'notes.txt' is not a wheel file name"),
+    ("sageattention-2.2.0-cp312-cp312-linux_x86_64.whl", b"x", "has no local label"),
+    ("sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl", None,
+     "no such wheel file"),
+    ("sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl", b"not a zip",
+     "not a wheel: File is not a zip file"),
+])
+def test_check_refuses_what_is_not_a_factory_wheel_without_a_traceback(tmp_path, capsys, name,
+                                                                        content, words):
+    from scripts.factory import cli
+    from scripts.factory.errors import WheelCheckError
+
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    assert cli.main(["check", str(path)]) == WheelCheckError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err
