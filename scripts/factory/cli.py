@@ -17,6 +17,7 @@ from typing import Sequence
 from . import matrix as matrix_module
 from .errors import FactoryError, PlanError
 from .kernels import jobs_argument
+from .report import output_dir
 
 
 def _select_cells(args, matrix):
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "build":
             p.add_argument("--jobs", type=jobs_argument, default=None,
                            help="parallel compile jobs (default: MAX_JOBS or the CPU count)")
-            p.add_argument("--out", type=Path, default=Path("wheelhouse"),
+            p.add_argument("--out", type=output_dir, default=Path("wheelhouse"),
                            help="where final wheels go (default: wheelhouse/)")
     check = sub.add_parser("check", help="check built wheels: name, METADATA, build info, "
                                          "file set")

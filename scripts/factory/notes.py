@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reports", nargs="*", type=Path, help="report files (default: all in "
                                                          "release_notes/)")
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where to look for reports")
-    p.add_argument("--out-dir", type=Path, help="write here instead of beside each report")
+    p.add_argument("--out-dir", type=reports.output_dir,
+                   help="write here instead of beside each report")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if any note or chart is missing or out of date")
     args = p.parse_args(argv)

@@ -580,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=report_mod.output_dir,
         default=Path("dist/release"),
         help="release folder to write; replaced if it holds a previous release "
         "(default: dist/release)",

@@ -11,6 +11,7 @@ Stdlib and ``packaging`` only: it runs on offline GPU runners.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import hashlib
 import json
@@ -282,3 +283,15 @@ def atomic_write_text(target: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def output_dir(text: str) -> Path:
+    """argparse type of a folder a command writes into (created if missing): a path that is, or
+    lies under, a file is refused before any work, not after it."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is a file" if existing == path else f"lies under the file {existing}"
+        raise argparse.ArgumentTypeError(f"{text!r} {where}; name a folder (it is created if "
+                                         "missing)")
+    return path

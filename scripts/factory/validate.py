@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--no-index --target into a temporary directory)")
     p.add_argument("--python", default=sys.executable,
                    help="interpreter to install into and run the suite with (default: this one)")
-    p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT,
+    p.add_argument("--out-dir", type=reports.output_dir, default=DEFAULT_OUT,
                    help=f"where the report goes (default: {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="pass --quick to the suite")
     p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",

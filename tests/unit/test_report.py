@@ -318,3 +318,27 @@ def test_validate_help_is_useful():
                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert res.returncode == 0 and "--system" in res.stdout and "Refuses without a GPU" in \
         res.stdout
+
+
+@pytest.mark.parametrize("command", [
+    ("scripts.factory.cli", ["build", "--sm", "sm75", "--out"]),
+    ("scripts.factory.validate", ["w.whl", "--out-dir"]),
+    ("scripts.factory.notes", ["--out-dir"]),
+    ("scripts.factory.release", ["--out"]),
+], ids=["build", "validate", "notes", "release"])
+@pytest.mark.parametrize("below", ["", "sub"], ids=["the-file", "under-the-file"])
+def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, command,
+                                                                    below):
+    import importlib
+
+    module, argv = command
+    a_file = tmp_path / "wheels.whl"
+    a_file.write_text("not a folder")
+    out = a_file / below if below else a_file
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module(module).main([*argv, str(out)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{str(out)!r} " in err and "name a folder (it is created if missing)" in err
+    assert "Traceback" not in err
+    assert reports.output_dir(str(tmp_path / "new" / "folder")) == tmp_path / "new" / "folder"
