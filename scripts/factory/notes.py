@@ -412,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if any note or chart is missing or out of date")
     args = p.parse_args(argv)
+    if not args.reports and not args.dir.is_dir():
+        print(f"error: --dir {args.dir} is not a folder; name the folder of the "
+              f"{reports.REPORT_SUFFIX} files (default: {DEFAULT_DIR})", file=sys.stderr)
+        return 2
     paths = args.reports or sorted(args.dir.glob("*" + reports.REPORT_SUFFIX))
     if not paths:
         print(f"no reports ({reports.REPORT_SUFFIX}) in {args.dir}: nothing to do")

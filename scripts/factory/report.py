@@ -239,7 +239,11 @@ def load_report(path: str | os.PathLike) -> dict:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ReportError(f"{path}: no such report") from None
-    except json.JSONDecodeError as exc:
+    except IsADirectoryError:
+        raise ReportError(f"{path} is a folder; name a {REPORT_SUFFIX} file") from None
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read the report ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: not valid JSON ({exc})") from None
     problems = validate_report(doc)
     if problems:

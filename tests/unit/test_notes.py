@@ -248,6 +248,22 @@ def test_no_reports_is_nothing_to_do(tmp_path, capsys):
     assert "nothing to do" in capsys.readouterr().out
 
 
+def test_a_missing_reports_folder_is_an_error_not_nothing_to_do(tmp_path, capsys):
+    for extra in ([], ["--check"]):
+        assert notes.main(["--dir", str(tmp_path / "relase_notes"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "relase_notes is not a folder" in err and "nothing to do" not in err
+
+
+def test_a_folder_or_a_binary_file_given_as_a_report_is_an_error(tmp_path, capsys):
+    binary = tmp_path / f"{STEM90}.report.json"
+    binary.write_bytes(b"PK\x03\x04\xc2\x00")
+    assert notes.main([str(tmp_path)]) == 2
+    assert "is a folder; name a .report.json file" in capsys.readouterr().err
+    assert notes.main([str(binary)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
 def test_stored_fixtures_match_their_generator():
     sys.path.insert(0, str(FIXTURES))
     try:
