@@ -113,11 +113,31 @@ def _version_pair(text: str, what: str) -> tuple[int, int]:
 
 
 def _cc_of(value: object, what: str) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    ):
         return int(value[0]), int(value[1])
-    if isinstance(value, str):
+    if isinstance(value, str) and re.match(r"^\s*\d+\.\d+\s*$", value):
         return _version_pair(value, what)
-    raise BadInput(f"{what}: expected a compute capability like '8.9', got {value!r}")
+    raise BadInput(
+        f"{what}: expected a compute capability like '8.9' or [8, 9], got {value!r}"
+    )
+
+
+_ENV_EXAMPLES = {"python": "3.12", "torch": "2.12.0+cu130", "torch_cuda": "13.0", "glibc": "2.35"}
+
+
+def _env_version(data: dict, key: str) -> tuple[int, int]:
+    """A version field of --env-json; a JSON number is refused (3.10 would read as 3.1)."""
+    value = data[key]
+    if not isinstance(value, str):
+        raise BadInput(
+            f"--env-json: {key} must be a string such as {_ENV_EXAMPLES[key]!r} "
+            f"(a JSON number reads 3.10 as 3.1), got {value!r}"
+        )
+    return _version_pair(value, key)
 
 
 def _norm_arch(value: str) -> str:
@@ -159,13 +179,21 @@ def machine_from_json(data: object) -> Machine:
             Gpu(str(g.get("name", f"GPU {i}")), _cc_of(g["compute_capability"], f"gpus[{i}]"))
         )
     torch_cuda = data.get("torch_cuda")
+    for key in ("torch", "torch_cuda"):
+        if data.get(key) is not None:
+            _env_version(data, key)
+    free_threaded = data.get("free_threaded", False)
+    if not isinstance(free_threaded, bool):
+        raise BadInput(
+            f"--env-json: free_threaded must be true or false, got {free_threaded!r}"
+        )
     return Machine(
         os=os_name,
         arch=_norm_arch(data["arch"]),
-        python=_version_pair(data["python"], "python"),
+        python=_env_version(data, "python"),
         implementation=str(data.get("implementation", "cpython")).lower(),
-        free_threaded=bool(data.get("free_threaded", False)),
-        glibc=_version_pair(data["glibc"], "glibc") if data.get("glibc") else None,
+        free_threaded=free_threaded,
+        glibc=_env_version(data, "glibc") if data.get("glibc") else None,
         torch=str(data["torch"]) if data.get("torch") else None,
         torch_cuda=".".join(map(str, _version_pair(torch_cuda, "torch_cuda")))
         if torch_cuda

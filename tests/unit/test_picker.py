@@ -286,8 +286,16 @@ def test_cli_json_and_none_fits_exit_code(tmp_path):
         (MANIFEST, {"os": "linux"}, "missing 'arch'"),
         (MANIFEST, {**machine(), "gpu": []}, "unknown field(s) ['gpu']"),
         (MANIFEST, machine(os="solaris"), "expected linux, windows or macos"),
+        (MANIFEST, machine(gpus=[("T4", ["a", "b"])]), "expected a compute capability like"),
+        (MANIFEST, machine(gpus=[("T4", [7.5, 0])]), "got [7.5, 0]"),
+        (MANIFEST, machine(gpus=[("T4", "75")]), "expected a compute capability like '8.9'"),
+        (MANIFEST, {**machine(), "free_threaded": "false"}, "free_threaded must be true or"),
+        (MANIFEST, {**machine(), "python": 3.10}, "python must be a string such as '3.12'"),
+        (MANIFEST, {**machine(), "torch": 2.12}, "torch must be a string such as"),
     ],
-    ids=["not-json", "schema", "wheel-fields", "env-missing", "env-unknown", "env-os"],
+    ids=["not-json", "schema", "wheel-fields", "env-missing", "env-unknown", "env-os",
+         "cc-not-numbers", "cc-float-list", "cc-no-dot", "free-threaded-string",
+         "python-number", "torch-number"],
 )
 def test_cli_bad_input_exit_code(tmp_path, manifest, env, message):
     res = _run(tmp_path, manifest, env)
