@@ -25,6 +25,7 @@ import math
 import statistics
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -345,6 +346,9 @@ def markdown(doc: dict, *, source: str) -> str:
     """A stored result as a markdown table: a benchmark JSON (``--json``) or a validation report
     (its ``performance`` section). TOPS per backend, speed-up vs SDPA, and upstream 1.0.6 Triton's
     TOPS (design.md) where the case has one. Generated, never edited."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{source} must hold a JSON object (a benchmark JSON or a validation "
+                         "report)")
     perf = doc.get("performance", doc)
     cases = perf.get("cases") or []
     if not cases:
@@ -403,6 +407,25 @@ def rounds_arg(text: str) -> int:
     return value
 
 
+def output_file_arg(text: str) -> str:
+    """argparse type of a file a command writes (here and in python -m sageattention.calibrate):
+    a folder, or a path under a file, is refused before a GPU run rather than after it."""
+    path = Path(text)
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing == path and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; name the file to write")
+    if existing is not None and existing != path and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} lies under the file {existing}; name the "
+                                         "file to write")
+    return text
+
+
+def given_options(parser: argparse.ArgumentParser, args, dests) -> list[str]:
+    """The options among ``dests`` given a value other than their default, as typed (--rep-ms)."""
+    return ["--" + d.replace("_", "-") for d in dests
+            if getattr(args, d) != parser.get_default(d)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m sageattention.benchmark",
@@ -441,10 +464,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "on an H100; 1 for a quick look)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")
     p.add_argument("--device", default="cuda:0")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--json", metavar="PATH", type=output_file_arg,
+                   help="also write the results as JSON")
     p.add_argument("--render", metavar="JSON", help="no GPU: render a stored benchmark JSON or "
                    "validation report as a markdown table (to stdout, or --markdown)")
-    p.add_argument("--markdown", metavar="PATH", help="write the markdown table here (with --render, "
+    p.add_argument("--markdown", metavar="PATH", type=output_file_arg, help="write the markdown table here (with --render, "
                    "or after a run)")
     return p
 
@@ -462,6 +486,7 @@ def cases_from_args(args) -> list[Case]:
 def _write_markdown(doc: dict, source: str, path: str | None) -> None:
     text = markdown(doc, source=source)
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(text)
         print(f"wrote {path}")
@@ -470,8 +495,14 @@ def _write_markdown(doc: dict, source: str, path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.render:
+        ignored = given_options(parser, args, [d for d in vars(args)
+                                               if d not in ("render", "markdown")])
+        if ignored:
+            parser.error(f"--render only renders a stored JSON; {', '.join(ignored)} would be "
+                         "ignored (drop them, or drop --render to run the benchmark)")
         try:
             with open(args.render, encoding="utf-8") as fh:
                 doc = json.load(fh)
@@ -505,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(document(result, device), fh, indent=2)
         print(f"wrote {args.json}")

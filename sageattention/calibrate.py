@@ -158,14 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
                "The dispatcher reads sageattention/calibration/sm<major><minor>.json for a GPU of "
                "exactly that capability; SAGEATTENTION_CALIBRATION=off disables it. Exit status: 0 "
                "written, 2 bad arguments or input, or no GPU to measure on.")
-    p.add_argument("--out", required=True, metavar="PATH",
+    p.add_argument("--out", required=True, metavar="PATH", type=benchmark.output_file_arg,
                    help="the table to write, e.g. sageattention/calibration/sm90.json (a name "
                         "sm<major><minor>.json must match the measured GPU)")
     p.add_argument("--from-benchmark", metavar="BENCH.json",
                    help="build the table from this stored benchmark JSON instead of measuring (no GPU "
                         "needed): the output of --benchmark-json, of `python -m sageattention.benchmark "
                         "--json`, or a validation report")
-    p.add_argument("--benchmark-json", metavar="PATH",
+    p.add_argument("--benchmark-json", metavar="PATH", type=benchmark.output_file_arg,
                    help="when measuring, also write the raw benchmark JSON here (commit it to let "
                         "anyone rebuild the table with --from-benchmark)")
     p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
@@ -214,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_benchmark and args.benchmark_json:
         parser.error("--benchmark-json writes the measurements of a GPU run; it does not go with "
                      "--from-benchmark")
+    ignored = benchmark.given_options(parser, args, ("device", "warmup_ms", "rep_ms", "rounds",
+                                           "no_accuracy")) if args.from_benchmark else []
+    if ignored:
+        parser.error(f"{', '.join(ignored)} set how a GPU run measures; --from-benchmark measures "
+                     "nothing, so they would be ignored (drop them)")
     out = Path(args.out)
     if args.from_benchmark:
         source = args.from_benchmark

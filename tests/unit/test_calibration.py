@@ -460,6 +460,30 @@ def test_cli_help_and_refusals(tmp_path, monkeypatch, capsys):
     assert done.value.code == 2
 
 
+@pytest.mark.parametrize("extra", [["--rounds", "5"], ["--device", "cuda:1"], ["--rep-ms", "50"],
+                                   ["--warmup-ms", "25"], ["--no-accuracy"]])
+def test_from_benchmark_refuses_measuring_options_it_would_ignore(tmp_path, capsys, extra):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(bench_doc()))
+    with pytest.raises(SystemExit) as done:
+        calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "sm90.json"), *extra])
+    assert done.value.code == 2
+    assert f"{extra[0]} set how a GPU run measures" in capsys.readouterr().err
+    assert not (tmp_path / "sm90.json").exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--benchmark-json"])
+def test_an_output_that_is_a_folder_is_refused_before_measuring(tmp_path, monkeypatch, capsys, option):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: pytest.fail("measured before refusing"))
+    argv = {"--out": ["--out", str(tmp_path)],
+            "--benchmark-json": ["--out", str(tmp_path / "sm90.json"), "--benchmark-json", str(tmp_path)]}
+    with pytest.raises(SystemExit) as done:
+        calibrate.main(argv[option])
+    assert done.value.code == 2
+    assert f"argument {option}: {str(tmp_path)!r} is a folder; name the file to write" in capsys.readouterr().err
+
+
 def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     """The GPU branch: grid, every backend plus forced SDPA, calibration off while timing, the raw
     benchmark JSON kept, the table written from it exactly as --from-benchmark would."""

@@ -700,6 +700,25 @@ def test_benchmark_render_makes_a_markdown_table_from_a_stored_report(tmp_path, 
     assert "cannot render" in capsys.readouterr().err
 
 
+def test_benchmark_render_refuses_what_it_would_ignore_and_what_is_not_an_object(tmp_path, capsys):
+    report = REPO / "tests/unit/fixtures/reports" / \
+        "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.report.json"
+    with pytest.raises(SystemExit) as done:
+        benchmark.main(["--render", str(report), "--rounds", "5", "--json", str(tmp_path / "x.json")])
+    assert done.value.code == 2
+    assert "--rounds, --json would be ignored" in capsys.readouterr().err
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    assert benchmark.main(["--render", str(listed)]) == 2
+    assert "must hold a JSON object" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        benchmark.main(["--render", str(report), "--markdown", str(tmp_path)])
+    assert done.value.code == 2
+    assert "is a folder; name the file to write" in capsys.readouterr().err
+    out = tmp_path / "new" / "table.md"
+    assert benchmark.main(["--render", str(report), "--markdown", str(out)]) == 0 and out.is_file()
+
+
 def test_benchmark_times_cases_with_their_own_key_count(tmp_path):
     """A cross-attention case keeps kv_len in its row (a self-attention row has none), counts its
     own pairs, and never takes design.md's upstream figure of its query length."""
