@@ -63,8 +63,16 @@ def _validate_session(sm: int):
 
         args = list(session.posargs)
         if not any(a.endswith(".whl") for a in args):
-            args = [str(p) for p in sorted((ROOT / "wheelhouse").glob("sageattention-*.whl"))
-                    if sm in parse_wheel_name(p.name).label.sms] + args
+            found = []
+            for p in sorted((ROOT / "wheelhouse").glob("sageattention-*.whl")):
+                try:
+                    sms = parse_wheel_name(p.name).label.sms
+                except ValueError as exc:  # not a factory wheel: no SM to match
+                    session.warn(f"skipping {exc}")
+                    continue
+                if sm in sms:
+                    found.append(str(p))
+            args = found + args
             if not any(a.endswith(".whl") for a in args):
                 session.error(f"no sm{sm} wheel in wheelhouse/: run nox -s build-sm{sm} "
                               "first, or pass wheels after --")
@@ -103,13 +111,17 @@ def tests(session: nox.Session) -> None:
 
     Runs in a fresh venv with the pyproject 'test' dependency group.
     """
-    session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
     args = list(session.posargs)
     wheel = None
-    if "--wheel" in args:
-        at = args.index("--wheel")
-        wheel = args[at + 1]
-        del args[at:at + 2]
+    for at, arg in enumerate(args):
+        if arg == "--wheel" or arg.startswith("--wheel="):
+            given = arg.partition("=")[2] if "=" in arg else (args[at + 1:] or [""])[0]
+            if not given or given.startswith("-"):
+                session.error("--wheel needs a wheel file: nox -s tests -- --wheel FILE")
+            wheel = given
+            del args[at:at + (1 if "=" in arg else 2)]
+            break
+    session.install(*nox.project.dependency_groups(PYPROJECT, "test"))
     session.run("python", "-m", "pytest", "tests/unit", "-q", *args)
     if wheel:
         session.run("python", "-m", "pytest", "tests/wheel", "-q", "--wheel", wheel)

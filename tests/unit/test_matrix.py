@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import subprocess
 import sys
@@ -184,3 +185,75 @@ def test_nox_registers_sessions_from_the_matrix():
     assert {f"build-sm{sm}" for sm in sms} <= names
     assert {f"validate-sm{sm}" for sm in sms} <= names
     assert {"matrix", "tests", "lint", "notes", "release"} <= names
+
+
+class FakeSession:
+    """What a nox session function uses: posargs, error, warn, install, run."""
+
+    def __init__(self, *posargs):
+        self.posargs, self.warnings, self.runs = list(posargs), [], []
+
+    def error(self, message):
+        raise SystemExit(message)
+
+    def warn(self, message):
+        self.warnings.append(message)
+
+    def install(self, *packages):
+        pass
+
+    def run(self, *command):
+        self.runs.append(command)
+
+
+@functools.lru_cache(maxsize=1)  # once: loading registers the sessions with nox
+def _load_noxfile():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _noxfile():
+    pytest.importorskip("nox", reason="needs nox")
+    return _load_noxfile()
+
+
+def test_nox_validate_skips_a_wheelhouse_wheel_without_a_local_label(tmp_path, monkeypatch):
+    from scripts.factory import validate
+
+    noxfile = _noxfile()
+    (tmp_path / "wheelhouse").mkdir()
+    plain = "sageattention-2.2.0-cp312-cp312-linux_x86_64.whl"
+    good = "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
+    for name in (plain, good):
+        (tmp_path / "wheelhouse" / name).write_bytes(b"")
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    seen = []
+    monkeypatch.setattr(validate, "main", lambda argv: seen.append(argv) or 0)
+    session = FakeSession()
+    noxfile._validate_session(90)(session)
+    assert seen == [[str(tmp_path / "wheelhouse" / good)]]
+    assert any(plain in w and "has no local label" in w for w in session.warnings)
+
+
+@pytest.mark.parametrize("posargs, wheel, rest", [
+    (["--wheel", "w.whl", "-x"], "w.whl", ["-x"]),
+    (["-x", "--wheel=w.whl"], "w.whl", ["-x"]),
+    (["--wheel"], None, None),
+    (["--wheel", "-x"], None, None),
+    (["--wheel="], None, None),
+])
+def test_nox_tests_session_reads_its_wheel_argument(posargs, wheel, rest):
+    noxfile = _noxfile()
+    session = FakeSession(*posargs)
+    if wheel is None:
+        with pytest.raises(SystemExit, match="--wheel needs a wheel file"):
+            noxfile.tests(session)
+        assert session.runs == []
+        return
+    noxfile.tests(session)
+    assert session.runs == [("python", "-m", "pytest", "tests/unit", "-q", *rest),
+                            ("python", "-m", "pytest", "tests/wheel", "-q", "--wheel", wheel)]
