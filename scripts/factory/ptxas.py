@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 from .arch import FamilyBuild, load_families
 from .errors import FactoryError, ToolchainError
 from .kernels import find_nvcc, include_dirs, jobs_argument, jobs_from_env, kernel_sources, nvcc_flags
+from .report import output_file
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -205,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="parallel nvcc runs (default: MAX_JOBS or the CPU count)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any kernel spills, has a stack frame or a performance note")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the kernels as JSON")
+    parser.add_argument("--json", type=output_file, metavar="FILE",
+                        help="also write the kernels as JSON")
     parser.add_argument("--host", action="store_true",
                         help="also compile each file's host code (object files, slower): a launcher "
                              "that does not compile for some -D set fails here, not in a device build")
@@ -224,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in loose:
         print(f"ptxas: {note}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([dataclasses.asdict(k) for k in kernels], indent=1) + "\n")
     bad = [k for k in kernels if k.problems()]
     print(f"{len(kernels)} kernels, {len(bad)} with spills, a stack frame or a performance note"

@@ -293,9 +293,26 @@ def output_dir(text: str) -> Path:
     """argparse type of a folder a command writes into (created if missing): a path that is, or
     lies under, a file is refused before any work, not after it."""
     path = Path(text)
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    existing = _nearest_existing(path)
     if existing is not None and not existing.is_dir():
         where = "is a file" if existing == path else f"lies under the file {existing}"
         raise argparse.ArgumentTypeError(f"{text!r} {where}; name a folder (it is created if "
                                          "missing)")
     return path
+
+
+def output_file(text: str) -> Path:
+    """argparse type of a file a command writes (its folder is created if missing): a folder, or
+    a path under a file, is refused before any work, not after it."""
+    path = Path(text)
+    existing = _nearest_existing(path)
+    if existing == path and path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; name the file to write")
+    if existing is not None and existing != path and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} lies under the file {existing}; name the "
+                                         "file to write")
+    return path
+
+
+def _nearest_existing(path: Path) -> Path | None:
+    return next((p for p in (path, *path.parents) if p.exists()), None)

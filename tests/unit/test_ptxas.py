@@ -75,8 +75,8 @@ def test_json_lists_every_kernel(monkeypatch, tmp_path):
     import json
 
     _fake_report(monkeypatch, PTXAS_OUTPUT)
-    assert ptxas.main(["--json", str(tmp_path / "k.json")]) == 0
-    rows = json.loads((tmp_path / "k.json").read_text())
+    assert ptxas.main(["--json", str(tmp_path / "new" / "k.json")]) == 0
+    rows = json.loads((tmp_path / "new" / "k.json").read_text())
     assert [r["name"] for r in rows] == [A, B, Q] and rows[1]["spill_stores"] == 36
 
 
@@ -105,6 +105,8 @@ def test_it_is_a_factory_subcommand(capsys):
     (["--kernel", "attn_(wgmma"], "argument --kernel: not a regular expression"),
     (["--jobs", "0"], "argument --jobs: must be a positive integer, got '0'"),
     (["--jobs", "-2"], "argument --jobs: must be a positive integer, got '-2'"),
+    (["--json", "."], "argument --json: '.' is a folder; name the file to write"),
+    (["--json", f"{__file__}/k.json"], f"lies under the file {__file__}"),
 ])
 def test_bad_arguments_are_usage_errors_before_anything_compiles(monkeypatch, capsys, argv, expected):
     monkeypatch.setattr(ptxas, "report", lambda *a, **k: pytest.fail("compiled despite a bad argument"))
