@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -66,6 +67,17 @@ class Step:
     cwd: str | None = None
 
 
+def _seconds(text: str) -> float:
+    """argparse type of --timeout: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m scripts.factory.validate",
@@ -84,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=reports.output_dir, default=DEFAULT_OUT,
                    help=f"where the report goes (default: {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="pass --quick to the suite")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds, default=1800.0, metavar="SECONDS",
                    help="stop a suite run that takes longer than this (default: 1800)")
     p.add_argument("--no-performance", action="store_true", help="leave out the benchmark")
     p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")

@@ -313,6 +313,17 @@ def test_a_hung_suite_is_stopped_and_reported(tmp_path, wheel, capsys):
     assert not list(tmp_path.glob("*.report.json"))
 
 
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf", "soon"])
+def test_a_timeout_that_is_not_a_positive_number_is_refused_before_anything_runs(wheel, capsys,
+                                                                                  timeout):
+    runner = lambda *a, **k: pytest.fail("ran something despite a bad --timeout")  # noqa: E731
+    with pytest.raises(SystemExit) as exc:
+        validate.main(["--wheel", str(wheel), "--timeout", timeout], runner=runner)
+    assert exc.value.code == 2
+    assert f"argument --timeout: must be a positive number of seconds, got {timeout!r}" in \
+        capsys.readouterr().err
+
+
 def test_validate_help_is_useful():
     res = subprocess.run([sys.executable, "-m", "scripts.factory.validate", "--help"],
                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
