@@ -22,7 +22,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -163,6 +163,19 @@ def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
     return entries
 
 
+def absolute_url(text: str) -> str:
+    """argparse type of the URL options here and in release.py: a link written into an index or a
+    manifest must be absolute, or every install from it breaks."""
+    parsed = urlparse(text)
+    if parsed.scheme not in ("https", "http", "file") or not (parsed.netloc or parsed.path):
+        raise argparse.ArgumentTypeError(
+            f"not an absolute URL: {text!r}; write it with its scheme and host, e.g. "
+            "'https://github.com/OWNER/REPO/releases/download/v2.2.0/' or "
+            "'https://OWNER.github.io/REPO/v2.2.0/simple/'"
+        )
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     """Rebuild a release's simple index from its manifest.json (e.g. to host it on GitHub Pages)."""
     parser = argparse.ArgumentParser(
@@ -175,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wheel-base-url",
         default=None,
+        type=absolute_url,
         help="absolute URL the wheels are downloaded from (e.g. the GitHub release "
         "download URL); default: relative links, as in the release folder",
     )

@@ -588,12 +588,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--index-base-url",
         default=None,
+        type=index_mod.absolute_url,
         help="absolute URL the index links wheels under (e.g. the GitHub release "
         "download URL); default: relative links into the release folder",
     )
     parser.add_argument(
         "--index-url",
         default=None,
+        type=index_mod.absolute_url,
         help="public URL where the simple/ folder will be hosted; recorded in "
         "manifest.json so the picker can print the --index-url command",
     )

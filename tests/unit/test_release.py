@@ -295,6 +295,20 @@ def test_absolute_wheel_links_and_index_url_in_manifest(tmp_path):
     )
 
 
+@pytest.mark.parametrize("option", ["--index-base-url", "--index-url"])
+@pytest.mark.parametrize("url", ["notaurl", "github.com/o/r/releases/download/v2.2.0", ""])
+def test_a_url_without_scheme_is_refused_before_anything_is_written(tmp_path, capsys, option, url):
+    with pytest.raises(SystemExit) as exc:
+        release.main(["--out", str(tmp_path / "out"), option, url])
+    assert exc.value.code == 2
+    assert f"argument {option}: not an absolute URL: {url!r}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit):
+        index.main(["--manifest", "m.json", "--out", str(tmp_path / "site"),
+                    "--wheel-base-url", url])
+    assert "argument --wheel-base-url: not an absolute URL" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- index layout
 
 
