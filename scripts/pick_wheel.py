@@ -15,6 +15,7 @@ Exit codes: 0 a wheel fits; 1 no wheel fits (the reason is printed); 2 bad manif
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import platform
 import re
@@ -283,8 +284,8 @@ def detect_machine(use_torch: bool = True) -> Machine:
 
 def load_manifest(source: str) -> tuple[dict, str]:
     """Read a manifest from a path or URL; returns (manifest, base for relative URLs)."""
-    parsed = urllib.parse.urlparse(source)
     try:
+        parsed = urllib.parse.urlparse(source)
         if parsed.scheme in ("http", "https", "file"):
             with urllib.request.urlopen(source, timeout=30) as resp:  # noqa: S310 - user-given URL
                 text = resp.read().decode("utf-8")
@@ -293,7 +294,13 @@ def load_manifest(source: str) -> tuple[dict, str]:
             path = Path(source)
             text = path.read_text(encoding="utf-8")
             base = path.resolve().as_uri()
-    except (OSError, urllib.error.URLError, UnicodeDecodeError) as exc:
+    except (
+        OSError,
+        urllib.error.URLError,
+        http.client.HTTPException,  # InvalidURL: a host with a space; a broken reply
+        UnicodeDecodeError,
+        ValueError,  # a URL urlparse refuses, e.g. 'http://[::1'
+    ) as exc:
         raise BadInput(f"cannot read manifest {source}: {exc}") from None
     try:
         manifest = json.loads(text)
@@ -326,12 +333,21 @@ def validate_manifest(manifest: object) -> None:
     wheels = manifest.get("wheels")
     if not isinstance(wheels, list):
         raise BadInput("manifest: 'wheels' must be a list")
+    if not isinstance(manifest.get("index") or {}, dict):
+        raise BadInput("manifest: 'index' must be an object")
     for i, w in enumerate(wheels):
         if not isinstance(w, dict):
             raise BadInput(f"manifest: wheels[{i}] is not an object")
         missing = [k for k in _REQUIRED_WHEEL_KEYS if k not in w]
         if missing:
             raise BadInput(f"manifest: wheels[{i}] lacks {missing}")
+        for key in ("filename", "url", "sha256", "version"):
+            if not isinstance(w[key], str):
+                raise BadInput(f"manifest: wheels[{i}].{key} must be a string, got {w[key]!r}")
+        if not isinstance(w.get("validation") or {}, dict):
+            raise BadInput(f"manifest: wheels[{i}].validation must be an object")
+        if not isinstance(w["gpu_targets"], list):
+            raise BadInput(f"manifest: wheels[{i}].gpu_targets must be a list of {{'cc': ...}}")
         if not isinstance(w["tags"], list) or not all(
             isinstance(t, str) and t.count("-") == 2 for t in w["tags"]
         ):

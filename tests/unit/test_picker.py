@@ -286,6 +286,22 @@ def test_cli_json_and_none_fits_exit_code(tmp_path):
         (MANIFEST, {"os": "linux"}, "missing 'arch'"),
         (MANIFEST, {**machine(), "gpu": []}, "unknown field(s) ['gpu']"),
         (MANIFEST, machine(os="solaris"), "expected linux, windows or macos"),
+        (
+            {**MANIFEST, "wheels": [{**WHEELS["ada"], "gpu_targets": 5}]},
+            machine(),
+            "wheels[0].gpu_targets must be a list",
+        ),
+        (
+            {**MANIFEST, "wheels": [{**WHEELS["ada"], "url": 5}]},
+            machine(),
+            "wheels[0].url must be a string",
+        ),
+        ({**MANIFEST, "index": "x"}, machine(), "'index' must be an object"),
+        (
+            {**MANIFEST, "wheels": [{**WHEELS["ada"], "validation": "x"}]},
+            machine(),
+            "wheels[0].validation must be an object",
+        ),
         (MANIFEST, machine(gpus=[("T4", ["a", "b"])]), "expected a compute capability like"),
         (MANIFEST, machine(gpus=[("T4", [7.5, 0])]), "got [7.5, 0]"),
         (MANIFEST, machine(gpus=[("T4", "75")]), "expected a compute capability like '8.9'"),
@@ -294,6 +310,7 @@ def test_cli_json_and_none_fits_exit_code(tmp_path):
         (MANIFEST, {**machine(), "torch": 2.12}, "torch must be a string such as"),
     ],
     ids=["not-json", "schema", "wheel-fields", "env-missing", "env-unknown", "env-os",
+         "targets-not-list", "url-not-string", "index-not-object", "validation-not-object",
          "cc-not-numbers", "cc-float-list", "cc-no-dot", "free-threaded-string",
          "python-number", "torch-number"],
 )
@@ -312,6 +329,13 @@ def test_cli_missing_manifest_is_bad_input(tmp_path):
     )
     assert res.returncode == pick_wheel.EXIT_BAD_INPUT
     assert "cannot read manifest" in res.stderr
+
+
+def test_a_malformed_manifest_url_is_bad_input():
+    with pytest.raises(pick_wheel.BadInput, match="cannot read manifest https://exa mple"):
+        pick_wheel.load_manifest("https://exa mple.com/manifest.json")
+    with pytest.raises(pick_wheel.BadInput, match="cannot read manifest http://"):
+        pick_wheel.load_manifest("http://[::1/manifest.json")
 
 
 def test_manifest_from_file_url_resolves_relative_wheel_url(tmp_path):
