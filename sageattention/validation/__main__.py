@@ -11,6 +11,7 @@ import tempfile
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..benchmark import output_file_arg
     from .catalog import CHECKS
 
     ids = "\n".join(f"  {c.slug:<22} {c.name}" for c in CHECKS)
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "checks passed or were skipped, 1 a check failed, 2 refused (no GPU, no "
                     "kernel for this GPU, bad arguments).",
         epilog="check ids:\n" + ids)
-    p.add_argument("--json", metavar="PATH", help="write the result document here")
+    p.add_argument("--json", metavar="PATH", type=output_file_arg,
+                   help="write the result document here")
     p.add_argument("--quick", action="store_true",
                    help="fewer boundary lengths and repeats, fp16-only shorter benchmark")
     p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")

@@ -539,6 +539,15 @@ def test_cli_rejects_unknown_check_ids(capsys):
     assert "unknown check id 'fp17'" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_json_path_that_is_a_folder_before_running(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("ran despite a bad --json"))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--json", str(tmp_path)])
+    assert exc.value.code == 2
+    assert f"argument --json: {str(tmp_path)!r} is a folder; name the file to write" in \
+        capsys.readouterr().err
+
+
 def test_cli_lists_checks(capsys):
     assert cli.main(["--list"]) == 0
     assert "Two-GPU alternating-device testing" in capsys.readouterr().out
