@@ -20,6 +20,18 @@ from .kernels import jobs_argument
 from .report import output_dir
 
 
+class _Once(argparse.Action):
+    """--sm / --cell name one selection: a second one would silently replace the first (and
+    `nox -s build-sm75 -- --sm sm90` would build sm90)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest)
+        if given is not None:
+            parser.error(f"argument {option_string}: given twice ({given!r}, then {values!r}); "
+                         "name one, and run the command once per SM or cell")
+        setattr(namespace, self.dest, values)
+
+
 def _select_cells(args, matrix):
     if args.cell:
         try:
@@ -92,8 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                             ("build", "build (and repair and check) wheels")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         which = p.add_mutually_exclusive_group(required=True)
-        which.add_argument("--sm", help="every cell targeting this SM, e.g. sm75")
-        which.add_argument("--cell", help="one cell id, e.g. linux-cp311-torch2.14-cu130-sm80")
+        which.add_argument("--sm", action=_Once,
+                           help="every cell targeting this SM, e.g. sm75")
+        which.add_argument("--cell", action=_Once,
+                           help="one cell id, e.g. linux-cp311-torch2.14-cu130-sm80")
         p.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX,
                        help="matrix file (default: build_matrix.yaml)")
         p.add_argument("--no-repair", action="store_true",

@@ -418,3 +418,18 @@ def test_check_refuses_what_is_not_a_factory_wheel_without_a_traceback(tmp_path,
     assert cli.main(["check", str(path)]) == WheelCheckError.exit_code
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "--sm", "sm75", "--sm", "sm90"],
+    ["build", "--sm", "sm75", "--sm", "sm90"],   # what `nox -s build-sm75 -- --sm sm90` passes
+    ["plan", "--cell", "a", "--cell", "b"],
+])
+def test_a_second_sm_or_cell_is_refused_not_silently_taken_instead(capsys, argv):
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert f"argument {argv[1]}: given twice ({argv[2]!r}, then {argv[4]!r})" in \
+        capsys.readouterr().err
