@@ -611,12 +611,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.wheels.is_dir():
-        print(f"error: wheel folder {args.wheels} does not exist", file=sys.stderr)
-        return EXIT_USAGE
-    if not args.reports.is_dir():
-        print(f"error: report folder {args.reports} does not exist", file=sys.stderr)
-        return EXIT_USAGE
+    for what, folder in (("wheel", args.wheels), ("report", args.reports)):
+        if not folder.is_dir():
+            why = "is a file, not a folder" if folder.exists() else "does not exist"
+            print(f"error: {what} folder {folder} {why}", file=sys.stderr)
+            return EXIT_USAGE
     if args.out.exists() and any(args.out.iterdir()) and not (args.out / "manifest.json").is_file():
         print(
             f"error: {args.out} is not empty and holds no previous release; choose another --out",

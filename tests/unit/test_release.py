@@ -309,6 +309,17 @@ def test_a_url_without_scheme_is_refused_before_anything_is_written(tmp_path, ca
     assert "argument --wheel-base-url: not an absolute URL" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("which", ["wheels", "reports"])
+def test_a_folder_argument_that_is_a_file_says_so(tmp_path, capsys, which):
+    a_file = tmp_path / "list.txt"
+    a_file.write_text("x")
+    rc, _ = run_release(tmp_path, **{which: a_file})
+    assert rc == release.EXIT_USAGE
+    assert f"{which[:-1]} folder {a_file} is a file, not a folder" in capsys.readouterr().err
+    rc, _ = run_release(tmp_path, **{which: tmp_path / "absent"})
+    assert "absent does not exist" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- index layout
 
 
