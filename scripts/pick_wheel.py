@@ -653,7 +653,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.env_json and args.no_torch:
+        parser.error(
+            "--no-torch changes how this machine is inspected; with --env-json nothing is "
+            "inspected (describe torch in the file: \"torch\": null)"
+        )
     try:
         manifest, base = load_manifest(args.manifest)
         if args.env_json:

@@ -331,6 +331,12 @@ def test_cli_missing_manifest_is_bad_input(tmp_path):
     assert "cannot read manifest" in res.stderr
 
 
+def test_no_torch_with_env_json_is_refused_not_ignored(tmp_path):
+    res = _run(tmp_path, MANIFEST, machine(), "--no-torch")
+    assert res.returncode == pick_wheel.EXIT_BAD_INPUT
+    assert "with --env-json nothing is inspected" in res.stderr
+
+
 def test_a_malformed_manifest_url_is_bad_input():
     with pytest.raises(pick_wheel.BadInput, match="cannot read manifest https://exa mple"):
         pick_wheel.load_manifest("https://exa mple.com/manifest.json")
