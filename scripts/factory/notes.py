@@ -412,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if any note or chart is missing or out of date")
     args = p.parse_args(argv)
+    if args.reports and args.dir != DEFAULT_DIR:
+        p.error("--dir is where to look for reports when none are named; name the report files "
+                "or --dir, not both")
     if not args.reports and not args.dir.is_dir():
         print(f"error: --dir {args.dir} is not a folder; name the folder of the "
               f"{reports.REPORT_SUFFIX} files (default: {DEFAULT_DIR})", file=sys.stderr)

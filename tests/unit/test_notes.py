@@ -264,6 +264,13 @@ def test_a_folder_or_a_binary_file_given_as_a_report_is_an_error(tmp_path, capsy
     assert "not valid JSON" in capsys.readouterr().err
 
 
+def test_report_files_and_dir_together_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        notes.main([str(tmp_path / f"{STEM90}.report.json"), "--dir", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "name the report files or --dir, not both" in capsys.readouterr().err
+
+
 def test_stored_fixtures_match_their_generator():
     sys.path.insert(0, str(FIXTURES))
     try:
