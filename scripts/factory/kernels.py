@@ -116,7 +116,7 @@ class KernelObject:
     seconds: float
 
 
-class _Progress:
+class Progress:
     """Prints one line per finished object and a heartbeat while compiles run."""
 
     def __init__(self, family: str, total: int, log: Callable[[str], None]) -> None:
@@ -179,7 +179,7 @@ def compile_families(builds: Sequence[FamilyBuild], *, nvcc: Path, nvcc_id: str,
         flags = nvcc_flags(build)
         family_dir = cache_dir / build.family.name
         family_dir.mkdir(parents=True, exist_ok=True)
-        progress = _Progress(build.family.name, len(sources), log)
+        progress = Progress(build.family.name, len(sources), log)
         progresses.append(progress)
         log(f"[kernels {build.family.name}] {len(sources)} objects, {jobs} job(s), "
             f"{' '.join(build.gencode_flags())}, toolchain {toolchain}, cache {family_dir}")

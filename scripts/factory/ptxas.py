@@ -27,12 +27,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .arch import FamilyBuild, load_families
 from .errors import FactoryError, ToolchainError
-from .kernels import find_nvcc, include_dirs, jobs_argument, jobs_from_env, kernel_sources, nvcc_flags
+from .kernels import (Progress, find_nvcc, include_dirs, jobs_argument, jobs_from_env,
+                      kernel_sources, nvcc_flags)
 from .report import output_file
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
@@ -136,9 +138,12 @@ def compile_report(nvcc: Path, build: FamilyBuild, source: Path, defines: Sequen
 
 def report(families: Iterable[str] | None = None, sms: Iterable[int] | None = None,
            defines: Sequence[str] = (), jobs: int | None = None,
-           nvcc: Path | None = None, host: bool = False) -> tuple[list[Kernel], list[str]]:
+           nvcc: Path | None = None, host: bool = False,
+           log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+           ) -> tuple[list[Kernel], list[str]]:
     """Every kernel of the chosen families (default: all) for each SM they serve (default: all;
-    ``sms`` narrows it); host: compile each file's host code too (`compile_report`)."""
+    ``sms`` narrows it); host: compile each file's host code too (`compile_report`). Progress
+    goes to ``log`` (stderr: stdout keeps the table), one line per file and a heartbeat."""
     table = load_families()
     names = list(families) if families else list(table)
     unknown = [n for n in names if n not in table]
@@ -160,11 +165,27 @@ def report(families: Iterable[str] | None = None, sms: Iterable[int] | None = No
         raise ToolchainError(f"none of {', '.join(names)} serves sm{', sm'.join(map(str, sorted(wanted or ())))}")
     kernels: list[Kernel] = []
     loose: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="ptxas-") as tmp, \
-            concurrent.futures.ThreadPoolExecutor(jobs or jobs_from_env()) as pool:
-        for found, notes in pool.map(lambda w: compile_report(nvcc, *w, defines, Path(tmp), host), work):
-            kernels += found
-            loose += notes
+    jobs = jobs or jobs_from_env()
+    progress = Progress("ptxas", len(work), log)
+    log(f"[kernels ptxas] {len(work)} files of {', '.join(names)}, {jobs} job(s)")
+
+    def one(item: tuple[FamilyBuild, Path]) -> tuple[list[Kernel], list[str]]:
+        build, source = item
+        name = f"{build.family.name}/{source.name} sm{build.sass[0]}"
+        progress.begin(name)
+        found, notes = compile_report(nvcc, build, source, defines, Path(tmp), host)
+        progress.finish(name, f"{len(found)} kernels")
+        return found, notes
+
+    threading.Thread(target=progress.heartbeat, daemon=True).start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ptxas-") as tmp, \
+                concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for found, notes in pool.map(one, work):
+                kernels += found
+                loose += notes
+    finally:
+        progress.stop.set()
     return kernels, loose
 
 

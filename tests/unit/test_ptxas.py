@@ -142,3 +142,20 @@ def test_host_compiles_objects_so_launchers_are_compiled_too(monkeypatch, tmp_pa
         args = call.split()
         assert flag in args and "-Xptxas=-v" in args
         assert ("-cubin" in args) != host and args[args.index("-o") + 1].endswith(output)
+
+
+def test_progress_is_one_line_per_file_on_stderr(monkeypatch, tmp_path, capsys):
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text(f"#!/bin/sh\necho \"ptxas info    : Compiling entry function '{A}' for 'sm_90a'\"\n"
+                         "echo 'ptxas info    : Used 168 registers, used 1 barriers'\n")
+    fake_nvcc.chmod(0o755)
+    lines = []
+    kernels, _ = ptxas.report(["sm90"], [90], nvcc=fake_nvcc, jobs=2, log=lines.append)
+    files = len(lines) - 1
+    assert files >= 1 and lines[0] == f"[kernels ptxas] {files} files of sm90, 2 job(s)"
+    assert sorted(int(line.split()[2].split("/")[0]) for line in lines[1:]) == list(range(1, files + 1))
+    assert all(f"/{files} sm90/" in line and ": 1 kernels (elapsed " in line for line in lines[1:])
+    monkeypatch.setattr(ptxas, "find_nvcc", lambda: fake_nvcc)
+    assert ptxas.main(["--family", "sm90", "--sm", "90"]) == 0
+    captured = capsys.readouterr()
+    assert "[kernels ptxas]" in captured.err and "[kernels ptxas]" not in captured.out
