@@ -1180,7 +1180,9 @@ struct WgmmaWsTraits {
 #ifdef SAGE_WG_PRODUCER_REGS
   static constexpr int kProducerRegs = SAGE_WG_PRODUCER_REGS;
 #else
-  // three consumers: 32 leaves them 160 (at 152 ptxas serialized their wgmmas, C7512); four: 112
+  // three consumers: 32 leaves them 160 (at 152 ptxas serialized their wgmmas, C7512); four: 112.
+  // Two 16-bit consumers get 224; 24 here (240 each) was level on an H100, 0.994x (2026-12-06,
+  // benchmarks/results/h100-2026-12-06-tune-fe57cc4-native.log).
   static constexpr int kProducerRegs = NWG == 4 ? 24 : NWG == 3 ? 32 : V_BYTES == 1 ? 40 : 56;
 #endif
   static constexpr int kConsumerRegs = ((NWG + 1) * kEntryRegs - kProducerRegs) / NWG / 8 * 8;
