@@ -420,6 +420,30 @@ def output_file_arg(text: str) -> str:
     return text
 
 
+def cuda_device_arg(text: str) -> str:
+    """argparse type of --device (here and in python -m sageattention.calibrate): a CUDA device,
+    cuda or cuda:N; another kind is refused before anything is measured, not by a traceback."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device ({exc}); give cuda or cuda:N") from None
+    if device.type != "cuda":
+        raise argparse.ArgumentTypeError(f"{text!r} is a {device.type} device; the timings are of "
+                                         "CUDA kernels: give cuda or cuda:N")
+    return text
+
+
+def absent_cuda_device(text: str) -> str | None:
+    """Why the CUDA device ``text`` (from cuda_device_arg) is not on this machine, or None."""
+    index, count = torch.device(text).index, torch.cuda.device_count()
+    if (index is None and count > 0) or (index is not None and index < count):
+        return None
+    if count == 0:
+        return f"--device {text}: no CUDA GPU is visible"
+    return (f"--device {text}: this machine has {count} visible CUDA GPU"
+            f"{'' if count == 1 else 's'} (cuda:0{'' if count == 1 else f' to cuda:{count - 1}'})")
+
+
 def given_options(parser: argparse.ArgumentParser, args, dests) -> list[str]:
     """The options among ``dests`` given a value other than their default, as typed (--rep-ms)."""
     return ["--" + d.replace("_", "-") for d in dests
@@ -463,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "medians (default 3: one timing of SDPA alone moved 14%% between rounds "
                         "on an H100; 1 for a quick look)")
     p.add_argument("--no-accuracy", action="store_true", help="skip the fp32 SDPA comparison")
-    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--device", type=cuda_device_arg, default="cuda:0", help="the GPU to time on (default cuda:0)")
     p.add_argument("--json", metavar="PATH", type=output_file_arg,
                    help="also write the results as JSON")
     p.add_argument("--render", metavar="JSON", help="no GPU: render a stored benchmark JSON or "
@@ -519,6 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); the benchmark "
               "times GPU kernels and needs one", file=sys.stderr)
+        return 2
+    absent = absent_cuda_device(args.device)
+    if absent:
+        print(f"error: {absent}", file=sys.stderr)
         return 2
     from sageattention.validation.api import Api
 

@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark-json", metavar="PATH", type=benchmark.output_file_arg,
                    help="when measuring, also write the raw benchmark JSON here (commit it to let "
                         "anyone rebuild the table with --from-benchmark)")
-    p.add_argument("--device", default="cuda:0", help="the GPU to measure on (default cuda:0)")
+    p.add_argument("--device", type=benchmark.cuda_device_arg, default="cuda:0",
+                   help="the GPU to measure on (default cuda:0)")
     p.add_argument("--warmup-ms", type=float, default=benchmark.TIMER_WARMUP_MS,
                    help=f"do_bench warm-up per timing (default {benchmark.TIMER_WARMUP_MS:g}, "
                         "python -m sageattention.benchmark's)")
@@ -232,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); measuring needs "
                   f"the GPU the table is for. Without a GPU: {PROG} --from-benchmark BENCH.json --out "
                   f"{args.out}", file=sys.stderr)
+            return 2
+        absent = benchmark.absent_cuda_device(args.device)
+        if absent:
+            print(f"error: {absent}", file=sys.stderr)
             return 2
         here = tuple(torch.cuda.get_device_capability(torch.device(args.device)))
         if _out_capability(out) not in (None, here):

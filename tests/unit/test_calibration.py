@@ -484,6 +484,32 @@ def test_an_output_that_is_a_folder_is_refused_before_measuring(tmp_path, monkey
     assert f"argument {option}: {str(tmp_path)!r} is a folder; name the file to write" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("main", ["benchmark", "calibrate"])
+@pytest.mark.parametrize("device, says", [("cpu", "'cpu' is a cpu device; the timings are of CUDA kernels"),
+                                          ("gpu:0", "'gpu:0' is not a device"),
+                                          ("cuda:x", "'cuda:x' is not a device")])
+def test_a_device_that_is_not_a_cuda_one_is_refused_by_argparse(tmp_path, monkeypatch, capsys, main, device, says):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: pytest.fail("measured before refusing"))
+    argv = ["--device", device] + (["--out", str(tmp_path / "sm90.json")] if main == "calibrate" else [])
+    with pytest.raises(SystemExit) as done:
+        {"benchmark": benchmark.main, "calibrate": calibrate.main}[main](argv)
+    assert done.value.code == 2
+    assert f"argument --device: {says}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("main", ["benchmark", "calibrate"])
+def test_a_gpu_index_past_the_visible_ones_is_an_error_before_measuring(tmp_path, monkeypatch, capsys, main):
+    # was a traceback from the first CUDA call on that device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: pytest.fail("measured before refusing"))
+    argv = ["--device", "cuda:3"] + (["--out", str(tmp_path / "sm90.json")] if main == "calibrate" else [])
+    assert {"benchmark": benchmark.main, "calibrate": calibrate.main}[main](argv) == 2
+    assert "--device cuda:3: this machine has 1 visible CUDA GPU (cuda:0)" in capsys.readouterr().err
+    assert not (tmp_path / "sm90.json").exists()
+
+
 def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     """The GPU branch: grid, every backend plus forced SDPA, calibration off while timing, the raw
     benchmark JSON kept, the table written from it exactly as --from-benchmark would."""
@@ -500,6 +526,7 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
         return {**result, "environment": dict(doc["environment"], command="captured")}
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
     monkeypatch.setattr(benchmark, "run", fake_run)
