@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import asdict
@@ -420,6 +421,16 @@ def output_file_arg(text: str) -> str:
     return text
 
 
+def write_output(path: str | Path, text: str) -> None:
+    """Write a file that output_file_arg admitted: its folder created if missing, the text put in
+    place whole (a temporary beside it, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def cuda_device_arg(text: str) -> str:
     """argparse type of --device (here and in python -m sageattention.calibrate): a CUDA device,
     cuda or cuda:N; another kind is refused before anything is measured, not by a traceback."""
@@ -510,9 +521,7 @@ def cases_from_args(args) -> list[Case]:
 def _write_markdown(doc: dict, source: str, path: str | None) -> None:
     text = markdown(doc, source=source)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_output(path, text)
         print(f"wrote {path}")
     else:
         print(text, end="")
@@ -563,13 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"geometric mean speed-up vs SDPA: {g:.3f}x" if g else "geometric mean: n/a")
     for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
+    doc = document(result, device) if args.json or args.markdown else None
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(document(result, device), fh, indent=2)
+        write_output(args.json, json.dumps(doc, indent=2))
         print(f"wrote {args.json}")
     if args.markdown:
-        _write_markdown(document(result, device), args.json or "(this run)", args.markdown)
+        _write_markdown(doc, args.json or "(this run)", args.markdown)
     return 0
 
 

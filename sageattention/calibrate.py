@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import sys
@@ -135,13 +134,6 @@ def _out_capability(path: Path) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -246,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         source = args.benchmark_json or "measurements"
         doc = _measure(args, argv)
         if args.benchmark_json:
-            _write(Path(args.benchmark_json), json.dumps(doc, indent=2) + "\n")
+            benchmark.write_output(args.benchmark_json, json.dumps(doc, indent=2) + "\n")
             print(f"wrote {args.benchmark_json}")
     try:
         table = table_from_benchmark(doc, argv=argv, source=source)
@@ -259,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{table['capability'][0]}.{table['capability'][1]}); use "
               f"{calibration.file_name(table['capability'])}", file=sys.stderr)
         return 2
-    _write(out, text)
+    benchmark.write_output(out, text)
     print(f"wrote {out}: {len(table['entries'])} entries from {table['gpu_name']}")
     return 0
 
