@@ -461,7 +461,7 @@ def test_cli_help_and_refusals(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("extra", [["--rounds", "5"], ["--device", "cuda:1"], ["--rep-ms", "50"],
-                                   ["--warmup-ms", "25"], ["--no-accuracy"]])
+                                   ["--warmup-ms", "25"], ["--no-accuracy"], ["--refine-rounds", "0"]])
 def test_from_benchmark_refuses_measuring_options_it_would_ignore(tmp_path, capsys, extra):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(bench_doc()))
@@ -544,6 +544,107 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     rebuilt = tmp_path / "rebuilt" / "sm90.json"
     assert calibrate.main(["--from-benchmark", str(raw), "--out", str(rebuilt)]) == 0
     assert calibration.load(rebuilt).entries == table.entries
+
+
+def close_row(sdpa_ms, backends, *, dtype="fp16", n=4096):
+    """A grid row with forced SDPA at ``sdpa_ms`` and ``backends`` {name: ms or (ms, ran)}."""
+    timed = {}
+    for name, value in backends.items():
+        ms, ran = value if isinstance(value, tuple) else (value, name)
+        timed[name] = {"ran": ran, "ms": ms} if ran == name else {"ran": ran, "error": "fell back"}
+    if sdpa_ms is not None:
+        timed["sdpa"] = {"ran": "sdpa", "ms": sdpa_ms}
+    return {"name": benchmark.Case(dtype, 4, 32, n, 128, False).name, "dtype": dtype, "batch": 4,
+            "heads": 32, "seq_len": n, "head_dim": 128, "causal": False, "sdpa_ms": sdpa_ms or 1.0,
+            "backend": "sdpa", "sageattn_ms": sdpa_ms or 1.0, "backends": timed}
+
+
+def test_close_calls_are_the_shapes_near_the_dispatch_threshold():
+    t = dispatch.CALIBRATION_MIN_SPEEDUP
+    rows = [close_row(1.0, {"cuda-sm90-fp16": 1.0 / 1.04, "triton-fp16": 1.3}),  # 1.04x: close
+            close_row(1.0, {"cuda-sm90-fp16": 1.0 / 1.20}),          # clearly faster than SDPA
+            close_row(1.0, {"cuda-sm90-fp16": 1.0 / 0.90}),          # clearly slower
+            close_row(1.0, {"cuda-sm90-fp16": (0.5, "sdpa"), "triton-fp16": 1.0 / 0.99}),  # fell back
+            close_row(None, {"cuda-sm90-fp16": 0.9}),                # forced SDPA not timed
+            close_row(1.0, {}),                                      # no quantized backend timed
+            close_row(1.0, {"cuda-sm90-fp16": 1.0 / (t * calibrate.REFINE_BAND * 0.999)})]
+    assert calibrate.close_calls(rows, threshold=t) == [(0, "cuda-sm90-fp16"), (3, "triton-fp16"),
+                                                        (6, "cuda-sm90-fp16")]
+    assert calibrate.close_calls(rows, threshold=t, band=1.0001) == []
+
+
+def test_merge_rounds_takes_the_median_of_every_round_and_says_what_it_added():
+    row = close_row(1.0, {"cuda-sm90-fp16": 0.97, "triton-fp16": 1.5})
+    row["sdpa_ms_rounds"] = [0.95, 1.05]
+    row["backends"]["sdpa"]["ms_rounds"] = [1.0, 1.0]
+    row["backends"]["cuda-sm90-fp16"]["ms_rounds"] = [0.96, 0.98]
+    extra = {"sdpa_ms": 0.99, "sdpa_ms_rounds": [0.99, 0.99, 1.01, 1.01],
+             "backend": "cuda-sm90-fp16", "sageattn_ms": 0.9, "sageattn_ms_rounds": [0.9, 0.9, 0.9, 0.9],
+             "backends": {"sdpa": {"ran": "sdpa", "ms": 1.02, "ms_rounds": [1.02, 1.02, 1.02, 1.02]}}}
+    calibrate.merge_rounds(row, extra, "cuda-sm90-fp16")
+    assert row["backends"]["cuda-sm90-fp16"]["ms_rounds"] == [0.96, 0.98, 0.9, 0.9, 0.9, 0.9]
+    assert row["backends"]["cuda-sm90-fp16"]["ms"] == pytest.approx(0.9)
+    assert row["backends"]["sdpa"]["ms"] == pytest.approx(1.02)
+    assert row["sdpa_ms"] == pytest.approx(1.0) and len(row["sdpa_ms_rounds"]) == 6
+    assert row["backends"]["triton-fp16"]["ms"] == 1.5  # not re-timed, unchanged
+    assert row["backends"]["cuda-sm90-fp16"]["speedup_vs_sdpa"] == pytest.approx(1.0 / 0.9)
+    assert row["refined"] == {"rounds_added": {"cuda-sm90-fp16": 4, "sdpa": 4}, "sdpa_baseline_rounds_added": 4}
+    # a refinement in which the backend fell back keeps the grid's figure for it
+    row = close_row(1.0, {"cuda-sm90-fp16": 0.97})
+    extra = {"sdpa_ms": 1.0, "backend": "sdpa", "sageattn_ms": 1.0,
+             "backends": {"sdpa": {"ran": "sdpa", "ms": 1.1}}}
+    calibrate.merge_rounds(row, extra, "cuda-sm90-fp16")
+    assert row["backends"]["cuda-sm90-fp16"]["ms"] == 0.97
+    assert row["refined"]["rounds_added"] == {"sdpa": 1}
+
+
+def test_measuring_refines_the_close_calls_into_the_table(tmp_path, monkeypatch, capsys):
+    calls = []
+    grid = [close_row(1.0, {"cuda-sm90-fp16": 1.0 / 1.03, "triton-fp16": 2.0}),
+            close_row(1.0, {"cuda-sm90-fp16": 1.0 / 1.5}, dtype="bf16")]
+
+    def fake_run(cases, *, api, device, timer, primary, others, accuracy, progress=None, rounds):
+        calls.append(dict(cases=[c.name for c in cases], primary=primary, others=list(others),
+                          accuracy=accuracy, rounds=rounds))
+        if len(calls) == 1:
+            return {"method": "synthetic timings", "primary_backend": "default dispatch",
+                    "cases": copy.deepcopy(grid)}
+        return {"cases": [{"sdpa_ms": 1.0, "sdpa_ms_rounds": [1.0] * rounds, "backend": primary,
+                           "sageattn_ms": 0.9, "sageattn_ms_rounds": [0.9] * rounds,
+                           "backends": {"sdpa": {"ran": "sdpa", "ms": 1.0, "ms_rounds": [1.0] * rounds}}}]}
+
+    monkeypatch.setattr(calibrate, "calibration_cases",
+                        lambda: [benchmark.Case("fp16", 4, 32, 4096, 128, False),
+                                 benchmark.Case("bf16", 4, 32, 4096, 128, False)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(benchmark, "run", fake_run)
+    monkeypatch.setattr(benchmark, "document",
+                        lambda result, device: {**result, "environment": dict(bench_doc()["environment"])})
+    out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
+    assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw)]) == 0
+    assert calls[1] == {"cases": [grid[0]["name"]], "primary": "cuda-sm90-fp16", "others": ["sdpa"],
+                        "accuracy": False, "rounds": calibrate.DEFAULT_REFINE_ROUNDS}
+    assert len(calls) == 2  # the 1.5x shape is no close call
+    printed = capsys.readouterr().out
+    assert "refine: 1 shape(s)" in printed and "cuda-sm90-fp16 1.030x -> " in printed
+    doc = json.loads(raw.read_text())
+    assert doc["refine"]["cases"] == [grid[0]["name"]] and "more rounds" in doc["method"]
+    fp16 = next(e for e in calibration.load(out).entries if e.dtype == "fp16")
+    assert fp16.time("cuda-sm90-fp16") == pytest.approx(0.9)  # median of 1 grid + 4 refined rounds
+    assert fp16.time("triton-fp16") == 2.0
+    calls.clear()
+    assert calibrate.main(["--out", str(out), "--refine-rounds", "0"]) == 0
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("value, says", [("-1", "must be 0 or more"), ("two", "must be a whole number")])
+def test_refine_rounds_must_be_a_count(capsys, value, says):
+    with pytest.raises(SystemExit) as done:
+        calibrate.main(["--out", "sm90.json", "--refine-rounds", value])
+    assert done.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_benchmark_json_carries_what_the_table_needs():
