@@ -136,6 +136,16 @@ namespace sage {
 // of a multiply per score; the row sum then carries the 448, which the epilogue divides out.
 #define SAGE_WG_FP8_P_FOLD 1
 #endif
+#ifndef SAGE_WG_FP8_P_VIA_F16
+// FP8 P.V (with SAGE_WG_FP8_P_FOLD): P's e4m3 bytes come from fp16 pairs of P * 448 / 256 by an
+// add and a byte permute (e4m3x4_from_f16x2_scaled), not from cvt...e4m3x2.f32 (the
+// F2FP.SATFINITE.E4M3 pack, 32 a thread per 128-key block); the row sum then carries 448 / 256.
+// Tuning knob, 0: off.
+#define SAGE_WG_FP8_P_VIA_F16 0
+#endif
+#if SAGE_WG_FP8_P_VIA_F16 && !SAGE_WG_FP8_P_FOLD
+#error "SAGE_WG_FP8_P_VIA_F16 builds on SAGE_WG_FP8_P_FOLD (the 2^-8 rides on the exp2's constant)"
+#endif
 #ifndef SAGE_WG_RESCALE_SKIP
 #define SAGE_WG_RESCALE_SKIP 1  // WS kernel: a warp whose row maxima did not move skips the O rescale
 #endif
@@ -558,6 +568,11 @@ __device__ __forceinline__ void scores_to_f32(const int32_t (&s)[BLOCK_N / 2], c
     }
 }
 
+// SAGE_WG_FP8_P_VIA_F16: P * 448 comes out of the exp2 times 2^-8 (see e4m3x4_from_f16x2_scaled).
+constexpr float kP8ViaF16Shift = SAGE_WG_FP8_P_VIA_F16 ? 8.f : 0.f;
+// The row sums' factor beyond P's 448 under SAGE_WG_FP8_P_FOLD (RowNorm divides it out).
+constexpr float kP8SumScale = SAGE_WG_FP8_P_VIA_F16 ? 1.f / 256.f : 1.f;
+
 // The row's largest dequantized score in the block (the max over its 64-key scale blocks of the
 // largest raw score times dq), over the quad's four threads; -inf where all are masked. Its
 // shuffles take the whole warp: call it from every lane, never behind a lane's own condition (a
@@ -613,7 +628,7 @@ __device__ __forceinline__ void softmax_row_head(int r, const float (&sf)[BLOCK_
   // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
   #pragma unroll
   for (int sub = 0; sub < kSub; ++sub)
-    neg_c[sub] = P_X448 ? kLog2Fp8PScale - fmaf(kScoreBiasF, blk.dq[sub], m_use)
+    neg_c[sub] = P_X448 ? (kLog2Fp8PScale - kP8ViaF16Shift) - fmaf(kScoreBiasF, blk.dq[sub], m_use)
                         : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
 }
 
@@ -707,6 +722,12 @@ __device__ __forceinline__ void pack_p8_frags(const float (&sf)[BLOCK_N / 2], ui
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = 4 * kc + 2 * half;
+        if constexpr (SAGE_WG_FP8_P_VIA_F16) {  // sf is P * 448 / 256: fp16 pairs, then their bytes
+          pn[kc][r + 2 * half] =
+              e4m3x4_from_f16x2_scaled(pack_half2_rz(sf[4 * j + 2 * r], sf[4 * j + 2 * r + 1]),
+                                       pack_half2_rz(sf[4 * j + 4 + 2 * r], sf[4 * j + 4 + 2 * r + 1]));
+          continue;
+        }
         constexpr float kMul = SAGE_WG_FP8_P_FOLD ? 1.f : kFp8PScale;  // folded: sf is P * 448 already
         const uint32_t lo = f32x2_to_e4m3x2(sf[4 * j + 2 * r] * kMul, sf[4 * j + 2 * r + 1] * kMul);
         const uint32_t hi = f32x2_to_e4m3x2(sf[4 * j + 4 + 2 * r] * kMul, sf[4 * j + 4 + 2 * r + 1] * kMul);
@@ -864,8 +885,8 @@ struct RowNorm {
   __device__ __forceinline__ explicit RowNorm(float l_part) {
     const float l = quad_sum(l_part);
     constexpr bool kLx448 = FP8 && SAGE_WG_FP8_P_FOLD;
-    inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : 1.f / l;
-    l_true = kLx448 ? l * (1.f / kFp8PScale) : l;
+    inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : kLx448 ? 1.f / (l * (1.f / kP8SumScale)) : 1.f / l;
+    l_true = kLx448 ? l * (1.f / (kFp8PScale * kP8SumScale)) : l;
   }
 };
 
