@@ -436,8 +436,11 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike
     if not choice.fallback:
         from sageattention import triton as triton_backend
+        # The kernel reads int32 offsets on q's device and takes Python ints; check_varlen also
+        # accepts int64 or CPU offsets and numpy integers (a no-op for int32 offsets on q's device).
+        cu_q, cu_k = (cu.to(device=q.device, dtype=torch.int32) for cu in (cu_seqlens_q, cu_seqlens_k))
         out = triton_backend.varlen_attention(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
+            q, k, v, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), is_causal=is_causal,
             sm_scale=scale, smooth_k=smooth_k)
         record_backend(choice.name)
         return out

@@ -363,6 +363,30 @@ def test_varlen_request_carries_sequence_count_and_heads(monkeypatch):
     assert choice.fallback and "batch 70000 exceeds the launch grid limit" in choice.reason
 
 
+def test_varlen_triton_path_gets_the_offsets_and_limits_it_checks(monkeypatch):
+    # int64 cu_seqlens (on any device) and numpy max_seqlen pass validation; the Triton path
+    # refused them with its own checks' TypeError (int32 only, Python ints only) on every GPU.
+    np = pytest.importorskip("numpy")
+    import sageattention.triton as st
+    seen = {}
+
+    def run_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+        seen.update(cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k)
+        return torch.zeros_like(q)
+
+    stub = types.SimpleNamespace(run_varlen=run_varlen)   # the real argument checks, no kernel
+    monkeypatch.setitem(sys.modules, "sageattention.triton.varlen", stub)
+    monkeypatch.setattr(st, "varlen", stub, raising=False)
+    monkeypatch.setattr(st, "_interpreting", lambda: True)   # let CPU tensors reach the checks
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **kw: BackendChoice("triton-fp16", "test", False))
+    q, k, v, cu_q, cu_k = packed((3, 5), (4, 6))
+    sa.sageattn_varlen(q, k, v, cu_q.long(), cu_k.long(), np.int64(5), np.int32(6))
+    assert seen["cu_q"].dtype == seen["cu_k"].dtype == torch.int32
+    assert seen["cu_q"].tolist() == cu_q.tolist() and seen["cu_k"].tolist() == cu_k.tolist()
+    assert (seen["max_q"], seen["max_k"]) == (5, 6)
+    assert sa.last_backend() == "triton-fp16"
+
+
 # --- the quantized paths, through stand-in modules ------------------------------------------
 
 @pytest.fixture
