@@ -99,6 +99,18 @@ def test_zero_and_negative_scales_give_attention_where_torch_gave_nan(scale):
     assert torch.allclose(out, s.softmax(-1) @ k3)
 
 
+def test_numpy_scales_of_zero_or_below_give_attention_where_torch_gave_nan():
+    # torch takes numpy scalars as the scale; a numpy float32 or integer one skipped the check
+    # above (Python int/float only), so such a call still returned torch's NaN
+    np = pytest.importorskip("numpy")
+    q3, k3 = torch.randn(3, 10, 16, dtype=torch.float64), torch.randn(3, 12, 16, dtype=torch.float64)
+    for scale in (np.float32(-0.25), np.int64(0)):
+        out = sa.scaled_dot_product_attention(q3, k3, k3, is_causal=True, scale=scale)
+        s = (q3 @ k3.transpose(-1, -2) * float(scale)).masked_fill(torch.ones(10, 12, dtype=torch.bool).triu(1),
+                                                                   float("-inf"))
+        assert torch.allclose(out, s.softmax(-1) @ k3)
+
+
 def test_patch_sdpa_patches_and_restores():
     q, k, v = qkv()
     mask = torch.ones(24, 40, dtype=torch.bool).tril()
