@@ -36,14 +36,21 @@
 
 namespace sage::sm90_fp8 {
 
+// Consumer warpgroups at d=64 (tuning knob): three make a 192-row CTA, as the sm90 family's d=64
+// default (its softmax bounds the loop there); 2 by default.
+#ifndef SAGE_SM90_FP8_NWG_64
+#define SAGE_SM90_FP8_NWG_64 2
+#endif
+
+template <int HEAD_DIM>
 struct Tile {
-  static constexpr int kConsumerWarpgroups = 2, kBlockN = 128, kStages = SAGE_WG_STAGES;
-  static constexpr int kPingPong = SAGE_WG_PINGPONG;
+  static constexpr int kConsumerWarpgroups = HEAD_DIM == 64 ? SAGE_SM90_FP8_NWG_64 : 2, kBlockN = 128;
+  static constexpr int kStages = SAGE_WG_STAGES, kPingPong = SAGE_WG_PINGPONG;
 };
 
 template <int HEAD_DIM, bool TWO_LEVEL>
 cudaError_t launch_dtype(const AttnParams& p, DType out_dtype, cudaStream_t stream) {
-  using T = Tile;
+  using T = Tile<HEAD_DIM>;
   if (out_dtype == DType::kFloat16)
     return launch_attn_wgmma_ws<HEAD_DIM, T::kConsumerWarpgroups, T::kBlockN, T::kStages, T::kPingPong,
                                 PvKind::kFp8, __half, TWO_LEVEL>(p, stream);
