@@ -22,12 +22,15 @@ __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 def _torch_handles_it(query, key, value, enable_gqa) -> bool:
     """Calls outside sageattn's model go to torch unchanged, so they behave (and fail) exactly as SDPA:
     batch shapes other than 4-D, nested (torch's SDPA takes jagged ones) or sparse tensors, a value
-    head dim unlike the query's, GQA without enable_gqa."""
+    head dim unlike the query's, batch sizes or K/V head counts that differ (SDPA broadcasts them),
+    GQA without enable_gqa."""
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.layout is torch.strided
                and t.dim() == 4 for t in tensors):
         return True
     if value.shape[-1] != query.shape[-1]:
+        return True
+    if not query.shape[0] == key.shape[0] == value.shape[0] or key.shape[1] != value.shape[1]:
         return True
     return not enable_gqa and query.shape[1] != key.shape[1]
 

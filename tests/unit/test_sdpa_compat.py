@@ -73,6 +73,16 @@ def test_shapes_outside_the_api_go_to_torch_unchanged():
     assert sa.last_backend() == "sdpa"
 
 
+def test_batch_and_kv_head_counts_that_sdpa_broadcasts_go_to_torch():
+    # torch's SDPA broadcasts a batch of 1 in k/v and K/V head counts that differ; sageattn's own
+    # check refused both ("batch sizes differ", "k and v head counts differ"), so patch_sdpa broke
+    # such callers
+    q, k, v = qkv(dtype=torch.float32)
+    for key, value in ((k[:1], v[:1]), (k, v[:, :1])):
+        assert torch.equal(sa.scaled_dot_product_attention(q, key, value), TORCH_SDPA(q, key, value))
+        assert sa.last_backend() == "sdpa"
+
+
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")   # torch's own, on CPU
 def test_nested_and_sparse_tensors_go_to_torch_unchanged():
     # torch's SDPA takes jagged nested tensors ([batch, heads, ragged tokens, head_dim])
