@@ -191,7 +191,13 @@ def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
     for name, value in (("sm_scale", sm_scale), ("scale", scale)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
-        if value is not None and not math.isfinite(value):
+        if value is None:
+            continue
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:   # an int (or Fraction) past float's range
+            raise ValueError(f"{name} must be finite, got a number too large for a float") from None
+        if not finite:
             raise ValueError(f"{name} must be finite, got {value}")
     if sm_scale is not None and scale is not None and float(sm_scale) != float(scale):
         raise ValueError(f"sm_scale={sm_scale} and scale={scale} disagree; pass one of them")

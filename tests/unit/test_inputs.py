@@ -80,6 +80,7 @@ def test_nhd_shapes_are_read_in_nhd():
     ({"sm_scale": 0.1, "scale": 0.2}, ValueError, "disagree"),
     ({"sm_scale": "0.1"}, TypeError, "sm_scale must be a real number"),
     ({"scale": float("nan")}, ValueError, "finite"),
+    ({"sm_scale": 10 ** 400}, ValueError, "sm_scale must be finite"),   # was math.isfinite's OverflowError
     ({"dropout_p": 1.5}, ValueError, "dropout_p must be in"),
     ({"is_causal": "yes"}, TypeError, "is_causal must be a bool, got str"),
     ({"is_causal": 1.0}, TypeError, "is_causal must be a bool, got float"),
