@@ -80,10 +80,11 @@ def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     pieces = []
     for r0 in range(0, nq, step):
         qb = q[:, :, r0:r0 + step].float()
-        s = (qb.reshape(b, hkv, group, -1, d) @ kt).reshape(b, hq, -1, nk) * sm_scale
+        rows = qb.shape[2]   # not -1 in the reshapes: with head dim 0 it is ambiguous
+        s = (qb.reshape(b, hkv, group, rows, d) @ kt).reshape(b, hq, rows, nk) * sm_scale
         if is_causal:
-            rows = torch.arange(r0, r0 + s.shape[2], device=q.device)[:, None]
-            s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > rows, -math.inf)
+            row_ids = torch.arange(r0, r0 + rows, device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > row_ids, -math.inf)
         if mask is not None:
             m = mask[..., r0:r0 + step, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
             s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
@@ -182,12 +183,17 @@ def _tied(out: torch.Tensor, *sources) -> torch.Tensor:
 
 
 def _empty_outputs(call: AttnCall, q, k, v):
-    """Nothing to attend over: (zeros of q's shape, LSE of -inf), the LSE None unless asked for."""
+    """Nothing to attend over: (zeros of q's shape, LSE of -inf), the LSE None unless asked for.
+    With head dim 0 alone, every score is an empty dot product, 0: the LSE is over those."""
     p = call.problem
     out = _tied(torch.zeros_like(q, memory_format=torch.contiguous_format), q, k, v, call.attn_mask)
     if not call.return_lse:
         return out, None
-    lse = torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
+    if p.batch and p.q_heads and p.q_len and p.kv_len:
+        lse = _sdpa_lse(_to_hnd(q, p.tensor_layout), _to_hnd(k, p.tensor_layout), call.attn_mask,
+                        call.is_causal, call.sm_scale)
+    else:
+        lse = torch.full((p.batch, p.q_heads, p.q_len), -math.inf, dtype=torch.float32, device=p.device)
     return out, _tied(lse, q, k, v, call.attn_mask)
 
 

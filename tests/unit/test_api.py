@@ -239,6 +239,21 @@ def test_empty_inputs_return_empty_results(shape_kw):
     assert sa.sageattn_qk_int8_pv_fp8_cuda(q, k, v).shape == q.shape
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_dim_zero_lse_is_over_scores_of_zero(causal):
+    # Every score is an empty dot product, 0: the LSE is log(keys seen), plus a mask's terms; it
+    # was -inf everywhere, the LSE of a row with no keys.
+    q, k, v = qkv(nq=6, nk=5, d=0, layout="NHD")
+    mask = None if causal else torch.randn(6, 5)
+    out, lse = sa.sageattn(q, k, v, tensor_layout="NHD", is_causal=causal, attn_mask=mask, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 6)
+    s = torch.zeros(6, 5)
+    if causal:
+        s = s.masked_fill(torch.ones(6, 5, dtype=torch.bool).triu(1), -math.inf)
+    want = torch.logsumexp(s if mask is None else s + mask, -1)
+    torch.testing.assert_close(lse, want.expand(2, 4, 6))
+
+
 def test_kernel_functions_on_cpu_fall_back_with_a_logged_reason(caplog, monkeypatch):
     monkeypatch.setattr(dispatch, "_logged", set())
     q, k, v = qkv()
