@@ -233,6 +233,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     longest_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, lens_q)
     longest_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, lens_k)
     scale = _resolve_scale(sm_scale, q.shape[-1])
+    # The kernels read the offsets as contiguous; the checks above read a strided view correctly.
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
         return varlen.run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, longest_q, longest_k,
                                  is_causal=bool(is_causal), sm_scale=scale, smooth_k=bool(smooth_k))

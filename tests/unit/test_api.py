@@ -400,6 +400,13 @@ def test_varlen_triton_path_gets_the_offsets_and_limits_it_checks(monkeypatch):
     assert seen["cu_q"].tolist() == cu_q.tolist() and seen["cu_k"].tolist() == cu_k.tolist()
     assert (seen["max_q"], seen["max_k"]) == (5, 6)
     assert sa.last_backend() == "triton-fp16"
+    # A strided view of int32 offsets (a column of a table) passes every check, which read it with
+    # its strides; the kernels read it as contiguous (under the interpreter: a double free).
+    cu_q2, cu_k2 = (torch.stack([cu, cu + 100], 1)[:, 0] for cu in (cu_q, cu_k))
+    assert not cu_q2.is_contiguous()
+    sa.sageattn_varlen(q, k, v, cu_q2, cu_k2, 5, 6)
+    assert seen["cu_q"].is_contiguous() and seen["cu_k"].is_contiguous()
+    assert seen["cu_q"].tolist() == cu_q.tolist() and seen["cu_k"].tolist() == cu_k.tolist()
 
 
 # --- the quantized paths, through stand-in modules ------------------------------------------
