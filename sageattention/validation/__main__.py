@@ -70,7 +70,14 @@ def write_json(path: str, doc: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from ..benchmark import given_options
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    ignored = given_options(parser, args, [d for d in vars(args) if d != "list"]) if args.list else []
+    if ignored:
+        parser.error(f"--list only lists the checks; {', '.join(ignored)} would be ignored (drop "
+                     "them, or drop --list to run the suite)")
     from .catalog import CHECKS
     from .expectation import NoNativeCode
     from .profile import FULL, QUICK

@@ -788,3 +788,15 @@ def test_the_performance_section_times_the_profiles_rounds(monkeypatch, profile)
     assert seen["rounds"] == profile.perf_rounds == 3
     assert seen["primary"] is None and "cuda-sm90-fp16" in seen["others"]
     assert {c.dtype for c in seen["cases"]} == ({"fp16"} if profile.perf_quick else {"fp16", "bf16"})
+
+
+@pytest.mark.parametrize("extra", [["--json", "out.json"], ["--only", "fp16"], ["--skip", "fp16"],
+                                   ["--quick"], ["--no-performance"]])
+def test_cli_list_refuses_the_options_it_would_ignore(extra, tmp_path, monkeypatch, capsys):
+    # --list printed the checks and exited 0; a --json beside it wrote nothing, silently
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--list", *extra])
+    assert exc.value.code == 2
+    assert f"--list only lists the checks; {extra[0]} would be ignored" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
