@@ -203,10 +203,15 @@ def run_check(check: Check, ctx: Context) -> dict:
 
 
 def select(checks: list[Check], only: list[str] | None, skip: list[str] | None) -> list[Check]:
-    """The checks named by id (``--only``/``--skip``); unknown ids are an error."""
+    """The checks named by id (``--only``/``--skip``); unknown ids, and ids that leave no check
+    (a run of none would pass), are an error."""
     known = {c.slug for c in checks}
     for given in (only or []) + (skip or []):
         if given not in known:
             raise ValueError(f"unknown check id {given!r}; known ids: {', '.join(sorted(known))}")
     chosen = [c for c in checks if not only or c.slug in only]
-    return [c for c in chosen if not skip or c.slug not in skip]
+    chosen = [c for c in chosen if not skip or c.slug not in skip]
+    if checks and not chosen:
+        given = " ".join(f"{flag} {' '.join(ids)}" for flag, ids in (("--only", only), ("--skip", skip)) if ids)
+        raise ValueError(f"{given} leave no check to run")
+    return chosen

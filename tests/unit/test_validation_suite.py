@@ -800,3 +800,13 @@ def test_cli_list_refuses_the_options_it_would_ignore(extra, tmp_path, monkeypat
     assert exc.value.code == 2
     assert f"--list only lists the checks; {extra[0]} would be ignored" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["--only", "fp16", "--skip", "fp16"],
+                                  ["--skip", *(c.slug for c in CHECKS)]])
+def test_cli_refuses_only_and_skip_that_leave_no_check(argv, monkeypatch, capsys):
+    # ran no check at all and reported "0 passed, 0 failed", exit 0: a pass of nothing
+    monkeypatch.setattr(suite, "run_suite", lambda **kw: pytest.fail("ran with no check"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli.main(argv) == 2
+    assert "leave no check to run" in capsys.readouterr().err
