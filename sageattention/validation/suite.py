@@ -92,7 +92,7 @@ def run_suite(*, api: Api | None = None, device: torch.device | None = None,
             progress(rec)
     perf = None
     if performance:
-        perf = performance_section(ctx)
+        perf = performance_section(ctx, progress=announce)
     counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
     native_failed = [r["name"] for r in results if r["status"] == "fail"]
     mod = api.module
@@ -117,8 +117,9 @@ def run_suite(*, api: Api | None = None, device: torch.device | None = None,
     }
 
 
-def performance_section(ctx: Context) -> dict:
-    """The benchmark case set, timed for this build's native backends against SDPA."""
+def performance_section(ctx: Context, progress: Callable[[str], None] | None = None) -> dict:
+    """The benchmark case set, timed for this build's native backends against SDPA; ``progress``
+    gets a line first, then one per case as it is timed."""
     from sageattention import benchmark
 
     try:
@@ -140,8 +141,14 @@ def performance_section(ctx: Context) -> dict:
         # entry timed right after SDPA ran slow in every round, even when it ran SDPA itself (10 ms:
         # 5-12% in the 2026-12-05 H100 reports; 25 ms: 4-6%, 2026-12-06).
         timer = benchmark.cuda_timer(benchmark.TIMER_WARMUP_MS, 40 if quick else 100)
+        if progress:
+            progress(f"performance: {len(cases)} benchmark cases against SDPA, "
+                     f"{ctx.profile.perf_rounds} interleaved rounds each; sageattn "
+                     f"{'forced to ' + primary if primary else 'as dispatched'}, also timed: "
+                     f"{', '.join(others) or 'none'}")
         perf = benchmark.run(cases, api=ctx.api, device=ctx.device, timer=timer,
-                             primary=primary, others=others, rounds=ctx.profile.perf_rounds)
+                             primary=primary, others=others, rounds=ctx.profile.perf_rounds,
+                             progress=progress)
         perf["quick"] = quick
         return perf
     except Exception as exc:  # noqa: BLE001 - the checks' results must survive a benchmark crash

@@ -810,3 +810,24 @@ def test_cli_refuses_only_and_skip_that_leave_no_check(argv, monkeypatch, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cli.main(argv) == 2
     assert "leave no check to run" in capsys.readouterr().err
+
+
+def test_the_performance_section_shows_each_case_as_it_is_timed(monkeypatch):
+    # the checks printed a line each, then the benchmark ran its cases for minutes in silence
+    def fake_run(cases, **kw):
+        for case in cases:
+            kw["progress"](f"timed {case.name}")
+        return {"cases": []}
+
+    monkeypatch.setattr(benchmark, "run", fake_run)
+    ctx = SimpleNamespace(device=torch.device("cuda"), profile=profile_module.QUICK, api=None,
+                          expectation=SimpleNamespace(execution="native"), native_names=["cuda-sm90-fp16"])
+    lines = []
+    suite.performance_section(ctx, progress=lines.append)
+    assert lines[0].startswith("performance: 10 benchmark cases against SDPA, 3 interleaved rounds")
+    assert lines[1:] == [f"timed {c.name}" for c in benchmark.standard_cases(("fp16",))]
+    seen = {}
+    monkeypatch.setattr(suite, "performance_section", lambda ctx, **kw: seen.update(kw) or None)
+    run_suite(api=make_api(FakeLib()), device=torch.device("cpu"), profile=TINY, checks=[],
+              gpu_sm=90, argv=["x"], announce=print)
+    assert seen == {"progress": print}
