@@ -351,9 +351,16 @@ def markdown(doc: dict, *, source: str) -> str:
         raise ValueError(f"{source} must hold a JSON object (a benchmark JSON or a validation "
                          "report)")
     perf = doc.get("performance", doc)
+    if not isinstance(perf, dict):
+        raise ValueError(f"{source} has no performance section (a validation run with "
+                         "--no-performance measures none)")
     cases = perf.get("cases") or []
     if not cases:
         raise ValueError(f"{source} holds no benchmark cases")
+    bad = next((i for i, c in enumerate(cases) if not isinstance(c, dict) or not c.get("name")), None)
+    if bad is not None:
+        raise ValueError(f"{source}: cases[{bad}] is not a benchmark case (an object with a name and "
+                         "its timings)")
     env = doc.get("environment") or {}
     run = doc.get("run") or {}
     command = env.get("command") or run.get("command") or "unknown"

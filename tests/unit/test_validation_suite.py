@@ -831,3 +831,17 @@ def test_the_performance_section_shows_each_case_as_it_is_timed(monkeypatch):
     run_suite(api=make_api(FakeLib()), device=torch.device("cpu"), profile=TINY, checks=[],
               gpu_sm=90, argv=["x"], announce=print)
     assert seen == {"progress": print}
+
+
+@pytest.mark.parametrize("doc, says", [
+    # what `python -m sageattention.validation --no-performance --json` writes
+    ({"suite_version": 1, "performance": None, "environment": {}}, "has no performance section"),
+    ({"performance": {"cases": [1]}}, "cases[0] is not a benchmark case"),
+    ({"cases": [{"sdpa_tops": 1.0}]}, "cases[0] is not a benchmark case"),
+])
+def test_benchmark_render_names_what_a_document_lacks_without_a_traceback(doc, says, tmp_path, capsys):
+    # each was a traceback (AttributeError, KeyError) with exit status 1
+    stored = tmp_path / "suite.json"
+    stored.write_text(json.dumps(doc))
+    assert benchmark.main(["--render", str(stored)]) == 2
+    assert f"error: cannot render {stored}: " in (err := capsys.readouterr().err) and says in err
