@@ -415,6 +415,19 @@ def rounds_arg(text: str) -> int:
     return value
 
 
+def milliseconds_arg(text: str) -> float:
+    """argparse type of --warmup-ms / --rep-ms (here and in python -m sageattention.calibrate): the
+    timer divides them by a kernel's time into a count of runs, which NaN, infinity or a negative
+    length cannot give."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, 0 or more, got {text!r}")
+    return value
+
+
 def output_file_arg(text: str) -> str:
     """argparse type of a file a command writes (here and in python -m sageattention.calibrate):
     a folder, or a path under a file, is refused before a GPU run rather than after it."""
@@ -496,10 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "sdpa; those that cannot run here are reported with the reason); "
                         f"BACKEND{MODE_SEPARATOR}ACCUM times that backend with pv_accum_dtype=ACCUM, "
                         f"e.g. cuda-sm80-fp16{MODE_SEPARATOR}fp16")
-    p.add_argument("--warmup-ms", type=float, default=TIMER_WARMUP_MS,
+    p.add_argument("--warmup-ms", type=milliseconds_arg, default=TIMER_WARMUP_MS,
                    help=f"each timing's own warm-up (default {TIMER_WARMUP_MS:g}: with 25 the function timed "
                         "right after SDPA ran 4-6%% slow on an H100)")
-    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--rep-ms", type=milliseconds_arg, default=100.0)
     p.add_argument("--rounds", type=rounds_arg, default=3,
                    help="time every kernel this many times per case, interleaved, and keep the "
                         "medians (default 3: one timing of SDPA alone moved 14%% between rounds "

@@ -227,10 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "anyone rebuild the table with --from-benchmark)")
     p.add_argument("--device", type=benchmark.cuda_device_arg, default="cuda:0",
                    help="the GPU to measure on (default cuda:0)")
-    p.add_argument("--warmup-ms", type=float, default=benchmark.TIMER_WARMUP_MS,
+    p.add_argument("--warmup-ms", type=benchmark.milliseconds_arg, default=benchmark.TIMER_WARMUP_MS,
                    help=f"do_bench warm-up per timing (default {benchmark.TIMER_WARMUP_MS:g}, "
                         "python -m sageattention.benchmark's)")
-    p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time per timing")
+    p.add_argument("--rep-ms", type=benchmark.milliseconds_arg, default=100.0,
+                   help="do_bench repetition time per timing")
     p.add_argument("--rounds", type=benchmark.rounds_arg, default=DEFAULT_ROUNDS,
                    help="time every backend this many times per shape, interleaved, and keep the "
                         f"medians (python -m sageattention.benchmark --rounds; default {DEFAULT_ROUNDS}: "

@@ -845,3 +845,19 @@ def test_benchmark_render_names_what_a_document_lacks_without_a_traceback(doc, s
     stored.write_text(json.dumps(doc))
     assert benchmark.main(["--render", str(stored)]) == 2
     assert f"error: cannot render {stored}: " in (err := capsys.readouterr().err) and says in err
+
+
+@pytest.mark.parametrize("flag", ["--warmup-ms", "--rep-ms"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-5", "soon"])
+def test_timing_lengths_must_be_finite_milliseconds(flag, bad, capsys):
+    # nan and inf reached do_bench's int(warmup / estimate): a ValueError / OverflowError traceback
+    # at the first timing; a negative length was taken as the shortest, silently
+    from sageattention import calibrate
+
+    for parser, argv in ((benchmark.build_parser(), []), (calibrate.build_parser(), ["--out", "x.json"])):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args([*argv, flag, bad])
+        assert exc.value.code == 2
+        assert f"argument {flag}: must be a number of milliseconds, 0 or more, got {bad!r}" in \
+            capsys.readouterr().err
+        assert getattr(parser.parse_args([*argv, flag, "0"]), flag[2:].replace("-", "_")) == 0.0
