@@ -490,17 +490,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", choices=("standard", "wide"), default="standard",
                    help="standard: the 20 cases of design.md; wide: seq 1024..32768 x d 64/128 "
                         "x causal, b*n=32768, 32 heads")
-    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["fp16", "bf16"])
+    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["fp16", "bf16"],
+                   help="the Q/K/V dtypes of the cases, --cases or the grid (default: fp16 bf16)")
     grid = p.add_argument_group("custom grid (any of these replaces --cases with their product)")
-    grid.add_argument("--batch", nargs="+", type=int)
-    grid.add_argument("--heads", nargs="+", type=int)
-    grid.add_argument("--seq-len", nargs="+", type=int, help="query tokens per sequence")
+    grid.add_argument("--batch", nargs="+", type=int, help="batch sizes (default 4)")
+    grid.add_argument("--heads", nargs="+", type=int, help="attention heads (default 32)")
+    grid.add_argument("--seq-len", nargs="+", type=int, help="query tokens per sequence (default 4096)")
     grid.add_argument("--kv-len", nargs="+", type=int,
                       help="key/value tokens per sequence (default: as --seq-len); e.g. --seq-len "
                            "4096 --kv-len 77 for cross-attention, --seq-len 1 --kv-len 8192 for a "
                            "decoding step")
-    grid.add_argument("--head-dim", nargs="+", type=int)
-    p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    grid.add_argument("--head-dim", nargs="+", type=int, help="head dimensions (default 128)")
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both",
+                   help="both: every case causal and not (default); yes: causal only; no: "
+                        "non-causal only")
     p.add_argument("--backend", default=None, type=timed_name_arg,
                    help="force the headline sageattn figures to this backend (default: the "
                         "dispatcher's choice)")
@@ -512,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-ms", type=milliseconds_arg, default=TIMER_WARMUP_MS,
                    help=f"each timing's own warm-up (default {TIMER_WARMUP_MS:g}: with 25 the function timed "
                         "right after SDPA ran 4-6%% slow on an H100)")
-    p.add_argument("--rep-ms", type=milliseconds_arg, default=100.0)
+    p.add_argument("--rep-ms", type=milliseconds_arg, default=100.0,
+                   help="each timing's measuring time after its warm-up: the function runs "
+                        "repeatedly for about this long and the median is kept (default 100)")
     p.add_argument("--rounds", type=rounds_arg, default=3,
                    help="time every kernel this many times per case, interleaved, and keep the "
                         "medians (default 3: one timing of SDPA alone moved 14%% between rounds "

@@ -861,3 +861,14 @@ def test_timing_lengths_must_be_finite_milliseconds(flag, bad, capsys):
         assert f"argument {flag}: must be a number of milliseconds, 0 or more, got {bad!r}" in \
             capsys.readouterr().err
         assert getattr(parser.parse_args([*argv, flag, "0"]), flag[2:].replace("-", "_")) == 0.0
+
+
+@pytest.mark.parametrize("module", ["benchmark", "calibrate", "validation"])
+def test_every_option_of_the_commands_is_described_in_their_help(module):
+    # benchmark --help listed --dtype, --rep-ms, --batch, --heads and --head-dim with no word
+    from sageattention import calibrate
+
+    parser = {"benchmark": benchmark.build_parser, "calibrate": calibrate.build_parser,
+              "validation": cli.build_parser}[module]()
+    bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
+    assert bare == []
