@@ -533,9 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+GRID_OPTIONS = ("batch", "heads", "seq_len", "kv_len", "head_dim")
+
+
 def cases_from_args(args) -> list[Case]:
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
-    if any(x is not None for x in (args.batch, args.heads, args.seq_len, args.kv_len, args.head_dim)):
+    if any(getattr(args, d) is not None for d in GRID_OPTIONS):
         return grid_cases(dtypes=args.dtype, batches=args.batch or [4], heads=args.heads or [32],
                           seq_lens=args.seq_len or [4096], head_dims=args.head_dim or [128],
                           causal=causal, kv_lens=args.kv_len or [None])
@@ -569,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
             return 2
         return 0
+    grid = given_options(parser, args, GRID_OPTIONS)
+    if grid and args.cases != parser.get_default("cases"):
+        parser.error(f"--cases {args.cases} would be ignored: the custom grid ({', '.join(grid)}) "
+                     "replaces it (drop --cases, or the grid options)")
     try:
         cases = cases_from_args(args)
     except ValueError as exc:

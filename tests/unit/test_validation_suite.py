@@ -872,3 +872,14 @@ def test_every_option_of_the_commands_is_described_in_their_help(module):
               "validation": cli.build_parser}[module]()
     bare = [a.option_strings[0] for a in parser._actions if a.option_strings and not a.help]
     assert bare == []
+
+
+def test_benchmark_refuses_a_case_set_beside_a_custom_grid(monkeypatch, capsys):
+    # --cases wide --seq-len 1024 timed the grid (4x32x1024x128) and dropped --cases, silently
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit) as exc:
+        benchmark.main(["--cases", "wide", "--seq-len", "1024", "--head-dim", "64"])
+    assert exc.value.code == 2
+    assert "--cases wide would be ignored: the custom grid (--seq-len, --head-dim) replaces it" in \
+        capsys.readouterr().err
