@@ -62,7 +62,7 @@ def _validate_session(sm: int):
         from scripts.factory.labels import parse_wheel_name
 
         args = list(session.posargs)
-        if not any(a.endswith(".whl") for a in args):
+        if not any(a.endswith(".whl") or a in ("-h", "--help") for a in args):
             found = []
             for p in sorted((ROOT / "wheelhouse").glob("sageattention-*.whl")):
                 try:

@@ -257,3 +257,16 @@ def test_nox_tests_session_reads_its_wheel_argument(posargs, wheel, rest):
     noxfile.tests(session)
     assert session.runs == [("python", "-m", "pytest", "tests/unit", "-q", *rest),
                             ("python", "-m", "pytest", "tests/wheel", "-q", "--wheel", wheel)]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_nox_validate_passes_help_through_without_wheels(flag, tmp_path, monkeypatch):
+    # `nox -s validate-sm90 -- --help` with an empty wheelhouse said "no sm90 wheel in wheelhouse/"
+    from scripts.factory import validate
+
+    noxfile = _noxfile()
+    monkeypatch.setattr(noxfile, "ROOT", tmp_path)
+    seen = []
+    monkeypatch.setattr(validate, "main", lambda argv: seen.append(argv) or 0)
+    noxfile._validate_session(90)(FakeSession(flag))
+    assert seen == [[flag]]
