@@ -123,13 +123,14 @@ def _case_of(row: dict) -> Case:
 
 
 def _significant(ms: float) -> float:
-    """Four significant digits: more is noise, and fewer changed digits keep regenerated tables diffable."""
-    return float(f"{ms:.4g}")
+    """Four significant digits: more is noise, and fewer changed digits keep regenerated tables diffable.
+    What is not a number is kept as it is, for calibration.dumps to refuse by name."""
+    return float(f"{ms:.4g}") if isinstance(ms, (int, float)) and not isinstance(ms, bool) else ms
 
 
 def _capability(text, where: str) -> list[int]:
     if isinstance(text, (list, tuple)) and len(text) == 2:
-        return [int(x) for x in text]
+        text = ".".join(map(str, text))
     match = re.fullmatch(r"(\d+)\.(\d+)", str(text))
     if not match:
         raise BenchmarkFormatError(f"{where}: compute_capability must look like '9.0', got {text!r}")

@@ -423,6 +423,10 @@ def test_from_benchmark_reads_a_validation_report(tmp_path):
     (lambda d: d["environment"].update(compute_capability="sm90"), "compute_capability must look like"),
     (lambda d: d.update(cases=[]), "no benchmark 'cases'"),
     (lambda d: d["cases"][0].pop("head_dim"), r"cases\[0\] lacks 'head_dim'"),
+    # these two were tracebacks (ValueError from a format code, from int())
+    (lambda d: d["cases"][0]["backends"]["sdpa"].update(ms="1.0"),
+     r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite number of milliseconds, got '1.0'"),
+    (lambda d: d["environment"].update(compute_capability=["nine", "0"]), "compute_capability must look like"),
 ])
 def test_from_benchmark_rejects_what_the_table_cannot_be_built_from(tmp_path, capsys, change, match):
     doc = bench_doc()
