@@ -546,6 +546,13 @@ def cases_from_args(args) -> list[Case]:
     return [c for c in make(tuple(args.dtype)) if c.causal in causal]
 
 
+def same_file(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether two path arguments name one file (after ~, symlinks and relative parts)."""
+    if not a or not b:
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
 def _write_markdown(doc: dict, source: str, path: str | None) -> None:
     text = markdown(doc, source=source)
     if path:
@@ -558,6 +565,12 @@ def _write_markdown(doc: dict, source: str, path: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if same_file(args.render, args.markdown):
+        parser.error("--markdown names the file --render reads: writing the table would replace the "
+                     "stored JSON (name another file)")
+    if same_file(args.json, args.markdown):
+        parser.error("--json and --markdown name one file: the table would replace the JSON "
+                     "(name two files)")
     if args.render:
         ignored = given_options(parser, args, [d for d in vars(args)
                                                if d not in ("render", "markdown")])

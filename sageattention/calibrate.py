@@ -314,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if benchmark.same_file(args.out, args.from_benchmark):
+        parser.error("--out names the file --from-benchmark reads: the table would replace the "
+                     "measurements it is built from (name another file)")
+    if benchmark.same_file(args.out, args.benchmark_json):
+        parser.error("--out and --benchmark-json name one file: the table would replace the raw "
+                     "measurements (name two files)")
     if args.from_benchmark and args.benchmark_json:
         parser.error("--benchmark-json writes the measurements of a GPU run; it does not go with "
                      "--from-benchmark")
