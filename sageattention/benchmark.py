@@ -486,7 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sageattention.benchmark",
         description="Time sageattn and each backend against SDPA's default backend on the same "
                     "inputs (quantization included) and print TOPS, speed-ups and their "
-                    "geometric mean. Attention microbenchmarks, not end-to-end speed-ups.")
+                    "geometric mean. Attention microbenchmarks, not end-to-end speed-ups.",
+        epilog="Exit status: 0 every case's sageattn figure was timed; 1 some case's sageattn call "
+               "failed (the table names the error; the other figures are still printed and "
+               "written); 2 bad arguments, no GPU, or a file that cannot be read or rendered.")
     p.add_argument("--cases", choices=("standard", "wide"), default="standard",
                    help="standard: the 20 cases of design.md; wide: seq 1024..32768 x d 64/128 "
                         "x causal, b*n=32768, 32 heads")
@@ -565,6 +568,10 @@ def _write_markdown(doc: dict, source: str, path: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    repeated = sorted({n for i, n in enumerate(args.also or []) if n in args.also[:i]})
+    if repeated:
+        parser.error(f"--also names {', '.join(repeated)} more than once (each backend is timed "
+                     "once per round; name it once)")
     if same_file(args.render, args.markdown):
         parser.error("--markdown names the file --render reads: writing the table would replace the "
                      "stored JSON (name another file)")
@@ -623,6 +630,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json}")
     if args.markdown:
         _write_markdown(doc, args.json or "(this run)", args.markdown)
+    failed = [row["name"] for row in result["cases"] if not row.get("sageattn_ms")]
+    if failed:
+        print(f"error: sageattn was not timed at {len(failed)} of {len(result['cases'])} cases "
+              f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}): see their rows",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -749,3 +749,30 @@ def test_an_output_that_would_replace_another_file_of_the_command_is_refused(tmp
     assert done.value.code == 2 and says in capsys.readouterr().err
     assert bench.read_text() == before
     assert not (tmp_path / "sm90.json").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_benchmark_refuses_a_backend_named_twice_in_also(capsys, monkeypatch):
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: pytest.fail("measured before refusing"))
+    with pytest.raises(SystemExit) as done:
+        benchmark.main(["--also", "triton-fp16", "cuda-sm90-fp16", "triton-fp16"])
+    assert done.value.code == 2
+    assert "--also names triton-fp16 more than once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("headline_ms, status", [(0.9, 0), (None, 1)])
+def test_benchmark_exit_status_says_whether_every_case_was_timed(tmp_path, monkeypatch, capsys, headline_ms, status):
+    """The GPU path with the timing faked: exit 1 when sageattn could not be timed at a case,
+    after the table and the JSON are still written."""
+    row = dict(close_row(1.0, {"cuda-sm90-fp16": 0.9}), sageattn_ms=headline_ms,
+               error=None if headline_ms else "RuntimeError: boom")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    monkeypatch.setattr(benchmark, "run", lambda *a, **k: {
+        "method": "synthetic", "cases": [row], "geomean_speedup_vs_sdpa": None,
+        "geomean_speedup_vs_sdpa_by_backend": {}})
+    monkeypatch.setattr(benchmark, "document", lambda result, device: {**result, "environment": {}})
+    out = tmp_path / "bench.json"
+    assert benchmark.main(["--seq-len", "4096", "--json", str(out)]) == status
+    assert out.is_file()
+    assert ("sageattn was not timed at 1 of 1 cases" in capsys.readouterr().err) == bool(status)
