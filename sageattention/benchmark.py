@@ -404,15 +404,21 @@ def markdown(doc: dict, *, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rounds_arg(text: str) -> int:
-    """argparse type of --rounds (here and in python -m sageattention.calibrate)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
+def count_arg(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+# argparse type of --rounds (here and in python -m sageattention.calibrate)
+rounds_arg = count_arg(1)
 
 
 def milliseconds_arg(text: str) -> float:

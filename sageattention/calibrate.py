@@ -88,26 +88,27 @@ def merge_rounds(row: dict, extra: dict, best: str) -> None:
     """Fold a refinement run of one shape (``extra``: a benchmark row with the headline forced to
     ``best`` and forced SDPA among its backends) into ``row``: each re-timed figure becomes the
     median of all its rounds, and the row records what was added under "refined"."""
+    def rounds(res: dict, key: str) -> list[float]:
+        return res.get(f"{key}_rounds") or ([res[key]] if res.get(key) else [])
+
     def fold(old_rounds: list[float], new_rounds: list[float]) -> tuple[float, list[float]]:
         times = list(old_rounds) + list(new_rounds)
         return statistics.median(times), times
 
-    new_sdpa = extra.get("sdpa_ms_rounds") or ([extra["sdpa_ms"]] if extra.get("sdpa_ms") else [])
-    row["sdpa_ms"], row["sdpa_ms_rounds"] = fold(row.get("sdpa_ms_rounds") or [row["sdpa_ms"]], new_sdpa)
-    row["sdpa_tops"] = benchmark.tops(_case_of(row), row["sdpa_ms"])
+    case = _case_of(row)
+    new_sdpa = rounds(extra, "sdpa_ms")
+    row["sdpa_ms"], row["sdpa_ms_rounds"] = fold(rounds(row, "sdpa_ms"), new_sdpa)
+    row["sdpa_tops"] = benchmark.tops(case, row["sdpa_ms"])
+    forced_sdpa = (extra.get("backends") or {}).get(SDPA) or {}
     added = {}
-    for name, new in ((best, extra), (SDPA, (extra.get("backends") or {}).get(SDPA) or {})):
-        res = row["backends"][name]
-        if name == best:  # the refinement's headline: sageattn forced to best
-            new_rounds = extra.get("sageattn_ms_rounds") or ([extra["sageattn_ms"]] if extra.get("sageattn_ms") else [])
-            ran = extra.get("backend")
-        else:
-            new_rounds = new.get("ms_rounds") or ([new["ms"]] if new.get("ms") else [])
-            ran = new.get("ran")
+    # the refinement's headline is sageattn forced to best; forced SDPA is among its backends
+    for name, ran, new_rounds in ((best, extra.get("backend"), rounds(extra, "sageattn_ms")),
+                                  (SDPA, forced_sdpa.get("ran"), rounds(forced_sdpa, "ms"))):
         if ran != name or not new_rounds:
             continue  # it failed or fell back this time: keep what the grid measured
-        res["ms"], res["ms_rounds"] = fold(res.get("ms_rounds") or [res["ms"]], new_rounds)
-        res["tops"] = benchmark.tops(_case_of(row), res["ms"])
+        res = row["backends"][name]
+        res["ms"], res["ms_rounds"] = fold(rounds(res, "ms"), new_rounds)
+        res["tops"] = benchmark.tops(case, res["ms"])
         added[name] = len(new_rounds)
     for res in row["backends"].values():
         if res.get("ms"):
@@ -238,23 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"medians (python -m sageattention.benchmark --rounds; default {DEFAULT_ROUNDS}: "
                         "with one, forced SDPA and the same shape's baseline SDPA differed by up to "
                         "21%% on an H100; 1 halves the time)")
-    p.add_argument("--refine-rounds", type=_refine_rounds_arg, default=DEFAULT_REFINE_ROUNDS,
+    p.add_argument("--refine-rounds", type=benchmark.count_arg(0), default=DEFAULT_REFINE_ROUNDS,
                    help="more interleaved rounds for the close calls: shapes whose fastest quantized "
                         f"backend measured within {REFINE_BAND:g}x of the dispatcher's threshold, either "
                         f"side; those two backends only (default {DEFAULT_REFINE_ROUNDS}; 0: none)")
     p.add_argument("--no-accuracy", action="store_true",
                    help="skip the fp32 SDPA comparison recorded in the benchmark JSON")
     return p
-
-
-def _refine_rounds_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number (0 for none), got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 def _measure(args, argv: list[str]) -> dict:
@@ -272,41 +263,41 @@ def _measure(args, argv: list[str]) -> dict:
     # Off while measuring: the headline figure is then the static order, and nothing measured
     # depends on the table being replaced.
     api = Api.from_package()
+    timer = benchmark.cuda_timer(args.warmup_ms, args.rep_ms)
     with dispatch.use_calibration(False):
-        result = benchmark.run(cases, api=api, device=device,
-                               timer=benchmark.cuda_timer(args.warmup_ms, args.rep_ms), primary=None,
+        result = benchmark.run(cases, api=api, device=device, timer=timer, primary=None,
                                others=others, accuracy=not args.no_accuracy,
                                progress=lambda line: print(line, flush=True), rounds=args.rounds)
         if args.refine_rounds:
-            _refine(result, cases, args, api=api, device=device,
+            _refine(result, cases, args.refine_rounds, api=api, device=device, timer=timer,
                     threshold=dispatch.CALIBRATION_MIN_SPEEDUP)
         doc = benchmark.document(result, device)
     doc["environment"]["command"] = f"{PROG} {shlex.join(argv)}"
     return doc
 
 
-def _refine(result: dict, cases: list[Case], args, *, api, device, threshold: float) -> None:
-    """Time the grid's close calls (`close_calls`) args.refine_rounds more rounds and fold them in."""
+def _refine(result: dict, cases: list[Case], extra_rounds: int, *, api, device, timer,
+            threshold: float) -> None:
+    """Time the grid's close calls (`close_calls`) extra_rounds more rounds and fold them in."""
     close = close_calls(result["cases"], threshold=threshold)
     if not close:
         print("refine: no close calls", flush=True)
         return
     print(f"refine: {len(close)} shape(s) within {REFINE_BAND:g}x of the {threshold:g}x threshold, "
-          f"{args.refine_rounds} more rounds of forced SDPA and their fastest quantized backend", flush=True)
-    timer = benchmark.cuda_timer(args.warmup_ms, args.rep_ms)
+          f"{extra_rounds} more rounds of forced SDPA and their fastest quantized backend", flush=True)
     for n, (i, best) in enumerate(close, 1):
         row = result["cases"][i]
         extra = benchmark.run([cases[i]], api=api, device=device, timer=timer, primary=best,
-                              others=[SDPA], accuracy=False, rounds=args.refine_rounds)["cases"][0]
+                              others=[SDPA], accuracy=False, rounds=extra_rounds)["cases"][0]
         before = row["backends"][SDPA]["ms"] / row["backends"][best]["ms"]
         merge_rounds(row, extra, best)
         after = row["backends"][SDPA]["ms"] / row["backends"][best]["ms"]
         print(f"  [{n}/{len(close)}] {row['name']}: {best} {before:.3f}x -> {after:.3f}x forced SDPA",
               flush=True)
     result["method"] += (f"; shapes whose fastest quantized backend measured within {REFINE_BAND:g}x of "
-                         f"the dispatcher's {threshold:g}x threshold: {args.refine_rounds} more rounds "
+                         f"the dispatcher's {threshold:g}x threshold: {extra_rounds} more rounds "
                          "of it and of forced SDPA")
-    result["refine"] = {"band": REFINE_BAND, "threshold": threshold, "rounds": args.refine_rounds,
+    result["refine"] = {"band": REFINE_BAND, "threshold": threshold, "rounds": extra_rounds,
                         "cases": [result["cases"][i]["name"] for i, _ in close]}
 
 

@@ -644,7 +644,8 @@ def test_measuring_refines_the_close_calls_into_the_table(tmp_path, monkeypatch,
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("value, says", [("-1", "must be 0 or more"), ("two", "must be a whole number")])
+@pytest.mark.parametrize("value, says", [("-1", "must be a whole number of at least 0, got '-1'"),
+                                         ("two", "must be a whole number of at least 0, got 'two'")])
 def test_refine_rounds_must_be_a_count(capsys, value, says):
     with pytest.raises(SystemExit) as done:
         calibrate.main(["--out", "sm90.json", "--refine-rounds", value])
