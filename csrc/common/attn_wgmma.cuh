@@ -568,10 +568,10 @@ __device__ __forceinline__ void scores_to_f32(const int32_t (&s)[BLOCK_N / 2], c
     }
 }
 
-// SAGE_WG_FP8_P_VIA_F16: P * 448 comes out of the exp2 times 2^-8 (see e4m3x4_from_f16x2_scaled).
-constexpr float kP8ViaF16Shift = SAGE_WG_FP8_P_VIA_F16 ? 8.f : 0.f;
-// The row sums' factor beyond P's 448 under SAGE_WG_FP8_P_FOLD (RowNorm divides it out).
-constexpr float kP8SumScale = SAGE_WG_FP8_P_VIA_F16 ? 1.f / 256.f : 1.f;
+// SAGE_WG_FP8_P_VIA_F16: P * 448 comes out of the exp2 times 2^-8 (see e4m3x4_from_f16x2_scaled),
+// and so do the row sums under SAGE_WG_FP8_P_FOLD (RowNorm divides the factor out).
+constexpr int kP8ViaF16Shift = SAGE_WG_FP8_P_VIA_F16 ? 8 : 0;
+constexpr float kP8SumScale = 1.f / static_cast<float>(1 << kP8ViaF16Shift);
 
 // The row's largest dequantized score in the block (the max over its 64-key scale blocks of the
 // largest raw score times dq), over the quad's four threads; -inf where all are masked. Its
@@ -628,7 +628,7 @@ __device__ __forceinline__ void softmax_row_head(int r, const float (&sf)[BLOCK_
   // p = exp2((s - bias) * dq - m) = exp2(s * dq - (bias * dq + m))
   #pragma unroll
   for (int sub = 0; sub < kSub; ++sub)
-    neg_c[sub] = P_X448 ? (kLog2Fp8PScale - kP8ViaF16Shift) - fmaf(kScoreBiasF, blk.dq[sub], m_use)
+    neg_c[sub] = P_X448 ? (kLog2Fp8PScale - static_cast<float>(kP8ViaF16Shift)) - fmaf(kScoreBiasF, blk.dq[sub], m_use)
                         : -fmaf(kScoreBiasF, blk.dq[sub], m_use);
 }
 
@@ -885,7 +885,7 @@ struct RowNorm {
   __device__ __forceinline__ explicit RowNorm(float l_part) {
     const float l = quad_sum(l_part);
     constexpr bool kLx448 = FP8 && SAGE_WG_FP8_P_FOLD;
-    inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : kLx448 ? 1.f / (l * (1.f / kP8SumScale)) : 1.f / l;
+    inv = FP8 && !kLx448 ? 1.f / (l * kFp8PScale) : (kLx448 ? kP8SumScale : 1.f) / l;
     l_true = kLx448 ? l * (1.f / (kFp8PScale * kP8SumScale)) : l;
   }
 };
