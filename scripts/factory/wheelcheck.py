@@ -10,13 +10,14 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from packaging.requirements import Requirement
-from packaging.version import Version
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from . import arch
 from .arch import REPO_ROOT
 from .errors import WheelCheckError
 from .labels import LocalLabel, WheelIdentity, cell_for_wheel, parse_wheel_name
+from .model import Target
 
 if TYPE_CHECKING:
     from .model import Matrix
@@ -30,6 +31,7 @@ def wheel_identity(path: Path) -> WheelIdentity:
     path = Path(path)
     try:
         ident = parse_wheel_name(path.name)
+        ident.os  # noqa: B018 - a platform the factory builds for (Linux or Windows)
     except ValueError as exc:
         raise WheelCheckError(str(exc)) from None
     if not path.is_file():
@@ -54,6 +56,9 @@ def read_wheel(path: Path) -> tuple[list[str], email.message.Message, dict]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise WheelCheckError(f"{path.name}: unreadable METADATA or {BUILD_INFO}: {exc}") \
             from None
+    if not isinstance(info, dict):
+        raise WheelCheckError(f"{path.name}: {BUILD_INFO} must hold a JSON object, got "
+                              f"{type(info).__name__}")
     return names, metadata, info
 
 
@@ -63,22 +68,42 @@ def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
     ident = wheel_identity(path)
     names, metadata, info = read_wheel(path)
     problems = []
-    meta_version = Version(metadata["Version"])
-    if meta_version != ident.version:
-        problems.append(f"METADATA version {meta_version} != file name version {ident.version}")
+    try:
+        meta_version = Version(str(metadata["Version"]))
+    except InvalidVersion:
+        problems.append(f"METADATA Version {metadata['Version']!r} is not a valid version")
+    else:
+        if meta_version != ident.version:
+            problems.append(f"METADATA version {meta_version} != file name version "
+                            f"{ident.version}")
     if str(info.get("version")) != str(ident.version):
         problems.append(f"build info version {info.get('version')} != {ident.version}")
     if info.get("local_label") != str(ident.label):
         problems.append(f"build info local_label {info.get('local_label')} != {ident.label}")
-    label_from_info = LocalLabel.create(
-        [int(t.split("+")[0][2:]) for t in info.get("sm_targets", [])],
-        info.get("torch", "0.0"), info.get("cuda", "0.0"))
-    if label_from_info != ident.label:
-        problems.append(f"build info (sm_targets {info.get('sm_targets')}, torch "
-                        f"{info.get('torch')}, CUDA {info.get('cuda')}) says label "
-                        f"{label_from_info}, file name says {ident.label}")
-    torch_pins = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []
-                  if Requirement(r).name == "torch"]
+    try:
+        targets = info.get("sm_targets", [])
+        if not isinstance(targets, list):
+            raise ValueError(f"sm_targets must be a list such as ['sm75+PTX'], got {targets!r}")
+        label_from_info = LocalLabel.create([Target.parse(t).sm for t in targets],
+                                            str(info.get("torch", "0.0")),
+                                            str(info.get("cuda", "0.0")))
+    except ValueError as exc:
+        problems.append(f"build info: {exc}")
+    else:
+        if label_from_info != ident.label:
+            problems.append(f"build info (sm_targets {info.get('sm_targets')}, torch "
+                            f"{info.get('torch')}, CUDA {info.get('cuda')}) says label "
+                            f"{label_from_info}, file name says {ident.label}")
+    torch_pins = []
+    for line in metadata.get_all("Requires-Dist") or []:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement as exc:
+            problems.append(f"METADATA Requires-Dist {line!r} is not a requirement "
+                            f"({str(exc).splitlines()[0]})")
+            continue
+        if requirement.name == "torch":
+            torch_pins.append(requirement)
     wanted_pin = f"=={ident.label.torch[0]}.{ident.label.torch[1]}.*"
     if [str(r.specifier) for r in torch_pins] != [wanted_pin]:
         problems.append(f"METADATA torch requirement {[str(r) for r in torch_pins]} != "
@@ -126,7 +151,8 @@ def expected_files(path: Path, root: Path = REPO_ROOT) -> set[str]:
     suffix = (f".{ident.python_tag}-win_amd64.pyd" if ident.os == "windows" else
               f".cpython-{ident.python_tag[2:]}-x86_64-linux-gnu.so")
     for name in info.get("families", []):
-        files.add(families[name].extension.replace(".", "/") + suffix)
+        if name in families:  # an unknown family is one of agreement_problems' findings
+            files.add(families[name].extension.replace(".", "/") + suffix)
     dist_info = f"sageattention-{ident.version}.dist-info"
     files |= {f"{dist_info}/{n}" for n in DIST_INFO_FILES}
     return files

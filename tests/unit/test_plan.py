@@ -433,3 +433,48 @@ def test_a_second_sm_or_cell_is_refused_not_silently_taken_instead(capsys, argv)
     assert exc.value.code == 2
     assert f"argument {argv[1]}: given twice ({argv[2]!r}, then {argv[4]!r})" in \
         capsys.readouterr().err
+
+
+_GOOD_INFO = {"version": "2.2.0+sm90.torch2.14cu130", "local_label": "sm90.torch2.14cu130",
+              "sm_targets": ["sm90"], "torch": "2.14.1", "cuda": "13.0", "python_tag": "cp311",
+              "families": ["sm80", "sm89", "sm90", "sm90_fp8"]}
+_GOOD_METADATA = ("Metadata-Version: 2.1\nName: sageattention\nVersion: 2.2.0+sm90.torch2.14cu130\n"
+                  "Requires-Dist: torch==2.14.*\n")
+
+
+@pytest.mark.parametrize("name, info, metadata, words", [
+    ("sageattention-2.2.0+sm90.torch2.14cu130-cp311-cp311-macosx_14_0_arm64.whl", _GOOD_INFO,
+     _GOOD_METADATA, "platform tags ['macosx_14_0_arm64'] are neither Linux nor Windows"),
+    (None, [1, 2], _GOOD_METADATA, "_build_info.json must hold a JSON object, got list"),
+    (None, _GOOD_INFO, "Metadata-Version: 2.1\nName: sageattention\nRequires-Dist: torch==2.14.*\n",
+     "METADATA Version None is not a valid version"),
+    (None, _GOOD_INFO, _GOOD_METADATA.replace("Version: 2.2.0+sm90", "Version: 2.2.0+sm90!!"),
+     "METADATA Version '2.2.0+sm90!!.torch2.14cu130' is not a valid version"),
+    (None, _GOOD_INFO, _GOOD_METADATA.replace("torch==2.14.*", "torch==2.14.* ; ;"),
+     "METADATA Requires-Dist 'torch==2.14.* ; ;' is not a requirement"),
+    (None, {**_GOOD_INFO, "sm_targets": [90]}, _GOOD_METADATA,
+     "build info: not an SM target: 90"),
+    (None, {**_GOOD_INFO, "sm_targets": "sm90"}, _GOOD_METADATA,
+     "build info: sm_targets must be a list"),
+    (None, {**_GOOD_INFO, "torch": "banana"}, _GOOD_METADATA,
+     "build info: torch version must look like"),
+    (None, {**_GOOD_INFO, "families": ["nope"]}, _GOOD_METADATA,
+     "build info families ['nope'] != ['sm80', 'sm89', 'sm90', 'sm90_fp8']"),
+])
+def test_check_names_a_malformed_build_info_or_metadata_without_a_traceback(
+        tmp_path, capsys, name, info, metadata, words):
+    import zipfile
+
+    from scripts.factory import cli
+    from scripts.factory.errors import WheelCheckError
+
+    wheel = tmp_path / (name or "sageattention-2.2.0+sm90.torch2.14cu130-cp311-cp311-"
+                                "linux_x86_64.whl")
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("sageattention/_build_info.json", json.dumps(info))
+        zf.writestr("sageattention-2.2.0+sm90.torch2.14cu130.dist-info/METADATA", metadata)
+        for m in _GOOD_INFO["families"]:
+            zf.writestr(f"sageattention/_kernels_{m}.cpython-311-x86_64-linux-gnu.so", b"")
+    assert cli.main(["check", str(wheel)]) == WheelCheckError.exit_code
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and "Traceback" not in err
