@@ -74,16 +74,21 @@ class Machine:
     implementation: str = "cpython"
     free_threaded: bool = False  # a 3.13t-style build needs cp313t wheels
     glibc: tuple[int, int] | None = None  # None: not glibc, or unknown
+    musl: tuple[int, int] | None = None  # Linux on musl (Alpine): musllinux wheels, no manylinux
     torch: str | None = None  # "2.12.0+cu130"
     torch_cuda: str | None = None  # "13.0"; None for a CPU build of torch
     gpus: list[Gpu] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def libc(self) -> str:
+        """' (glibc 2.35)', ' (musl 1.2)' or '' when unknown."""
+        for name, version in (("glibc", self.glibc), ("musl", self.musl)):
+            if version:
+                return f" ({name} {version[0]}.{version[1]})"
+        return ""
+
     def describe(self) -> str:
-        parts = [
-            f"{self.os.capitalize()} {self.arch}"
-            + (f" (glibc {self.glibc[0]}.{self.glibc[1]})" if self.glibc else "")
-        ]
+        parts = [f"{self.os.capitalize()} {self.arch}{self.libc()}"]
         parts.append(
             f"{_impl_name(self)} "
             f"{self.python[0]}.{self.python[1]}{'t' if self.free_threaded else ''}"
@@ -127,7 +132,13 @@ def _cc_of(value: object, what: str) -> tuple[int, int]:
     )
 
 
-_ENV_EXAMPLES = {"python": "3.12", "torch": "2.12.0+cu130", "torch_cuda": "13.0", "glibc": "2.35"}
+_ENV_EXAMPLES = {
+    "python": "3.12",
+    "torch": "2.12.0+cu130",
+    "torch_cuda": "13.0",
+    "glibc": "2.35",
+    "musl": "1.2",
+}
 
 
 def _env_version(data: dict, key: str) -> tuple[int, int]:
@@ -138,7 +149,21 @@ def _env_version(data: dict, key: str) -> tuple[int, int]:
             f"--env-json: {key} must be a string such as {_ENV_EXAMPLES[key]!r} "
             f"(a JSON number reads 3.10 as 3.1), got {value!r}"
         )
+    if not re.match(r"^\s*\d+\.\d+", value):
+        raise BadInput(f"--env-json: {key} must look like {_ENV_EXAMPLES[key]!r}, got {value!r}")
     return _version_pair(value, key)
+
+
+def _torch_label_cuda(torch: str) -> str | None:
+    """What torch's local version label says of its CUDA: '13.0' (+cu130), 'cpu' (+cpu), or
+    None when the label says neither (no label, +rocm6.2, +git...)."""
+    for part in torch.partition("+")[2].lower().split("."):
+        if part == "cpu":
+            return "cpu"
+        match = re.fullmatch(r"cu(\d+)(\d)", part)
+        if match:
+            return f"{int(match.group(1))}.{match.group(2)}"
+    return None
 
 
 def _norm_arch(value: str) -> str:
@@ -159,6 +184,7 @@ def machine_from_json(data: object) -> Machine:
         "implementation",
         "free_threaded",
         "glibc",
+        "musl",
         "torch",
         "torch_cuda",
         "gpus",
@@ -180,14 +206,46 @@ def machine_from_json(data: object) -> Machine:
             Gpu(str(g.get("name", f"GPU {i}")), _cc_of(g["compute_capability"], f"gpus[{i}]"))
         )
     torch_cuda = data.get("torch_cuda")
-    for key in ("torch", "torch_cuda"):
+    for key in ("torch", "torch_cuda", "glibc", "musl"):
         if data.get(key) is not None:
             _env_version(data, key)
+    if data.get("torch"):
+        # torch's own label (2.12.0+cu130, 2.12.0+cpu) and torch_cuda must tell one story.
+        said = _torch_label_cuda(data["torch"])
+        if "torch_cuda" not in data:
+            if said is None:
+                raise BadInput(
+                    f"--env-json: torch_cuda is missing and torch {data['torch']!r} does not say "
+                    "its CUDA; give torch.version.cuda, e.g. \"torch_cuda\": \"13.0\", or null "
+                    "for a CPU build"
+                )
+            torch_cuda = None if said == "cpu" else said
+        elif said is not None and said != (
+            "cpu" if torch_cuda is None else "%d.%d" % _version_pair(torch_cuda, "torch_cuda")
+        ):
+            raise BadInput(
+                f"--env-json: torch {data['torch']!r} and torch_cuda {torch_cuda!r} disagree; "
+                "torch_cuda is torch.version.cuda (null for a CPU build)"
+            )
+    for key in ("glibc", "musl"):
+        if data.get(key) and os_name != "linux":
+            raise BadInput(f"--env-json: {key} describes a Linux machine, not os {os_name!r}")
+    if data.get("glibc") and data.get("musl"):
+        raise BadInput("--env-json: glibc and musl both given; a Linux machine has one C library")
     free_threaded = data.get("free_threaded", False)
     if not isinstance(free_threaded, bool):
         raise BadInput(
             f"--env-json: free_threaded must be true or false, got {free_threaded!r}"
         )
+    # "3.13t" names the free-threaded build (PEP 703), which loads only cp313t wheels
+    python_text = data["python"] if isinstance(data["python"], str) else ""
+    if re.fullmatch(r"\s*\d+\.\d+(\.\d+)?t\s*", python_text):
+        if data.get("free_threaded") is False:
+            raise BadInput(
+                f"--env-json: python {data['python']!r} is a free-threaded build, but "
+                "free_threaded is false; write \"3.13\" or drop free_threaded"
+            )
+        free_threaded = True
     return Machine(
         os=os_name,
         arch=_norm_arch(data["arch"]),
@@ -195,6 +253,7 @@ def machine_from_json(data: object) -> Machine:
         implementation=str(data.get("implementation", "cpython")).lower(),
         free_threaded=free_threaded,
         glibc=_env_version(data, "glibc") if data.get("glibc") else None,
+        musl=_env_version(data, "musl") if data.get("musl") else None,
         torch=str(data["torch"]) if data.get("torch") else None,
         torch_cuda=".".join(map(str, _version_pair(torch_cuda, "torch_cuda")))
         if torch_cuda
@@ -228,6 +287,19 @@ def _gpus_from_nvidia_smi(notes: list[str]) -> list[Gpu]:
     return gpus
 
 
+def _musl_version() -> tuple[int, int] | None:
+    """The musl version of a musl Linux (Alpine), from its dynamic loader; None if not musl."""
+    for loader in sorted(Path("/lib").glob("ld-musl-*.so.1")):
+        try:
+            out = subprocess.run([str(loader)], capture_output=True, text=True, timeout=10).stderr
+        except (OSError, subprocess.SubprocessError):
+            continue
+        match = re.search(r"^Version (\d+)\.(\d+)", out, re.MULTILINE)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
 def detect_machine(use_torch: bool = True) -> Machine:
     """Inspect this machine. Never raises for a missing torch or GPU: those are answers."""
     if sys.platform.startswith("linux"):
@@ -252,7 +324,12 @@ def detect_machine(use_torch: bool = True) -> Machine:
         if lib == "glibc" and ver:
             machine.glibc = _version_pair(ver, "glibc")
         else:
-            notes.append("could not determine the glibc version; assuming manylinux wheels work")
+            machine.musl = _musl_version()
+            if machine.musl is None:
+                notes.append(
+                    "could not determine the C library (glibc or musl); assuming manylinux "
+                    "wheels work"
+                )
     if use_torch:
         try:
             import torch  # noqa: PLC0415 - optional dependency
@@ -372,6 +449,15 @@ def platform_fits(platform_tag: str, m: Machine) -> bool:
         return False
     if platform_tag == f"linux_{m.arch}":
         return True
+    match = re.fullmatch(r"musllinux_(\d+)_(\d+)_(\w+)", platform_tag)
+    if match:
+        return (
+            m.musl is not None
+            and match.group(3) == m.arch
+            and m.musl >= (int(match.group(1)), int(match.group(2)))
+        )
+    if m.musl is not None:  # manylinux wheels need glibc (PEP 600)
+        return False
     for legacy, glibc in _LEGACY_MANYLINUX.items():
         if platform_tag == f"{legacy}_{m.arch}":
             return m.glibc is None or m.glibc >= glibc
@@ -464,7 +550,7 @@ def choose(manifest: dict, m: Machine) -> Verdict:
         kept = [w for w in survivors if keep(w)]
         return kept, (None if kept else why(survivors))
 
-    machine_pf = f"{m.os} {m.arch}" + (f" (glibc {m.glibc[0]}.{m.glibc[1]})" if m.glibc else "")
+    machine_pf = f"{m.os} {m.arch}{m.libc()}"
     steps = [
         (
             lambda w: wheel_platform_fits(w, m),
@@ -632,9 +718,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "exit codes: 0 a wheel fits; 1 none fits (the reason and the nearest options are "
             "printed); 2 bad manifest, bad --env-json or bad arguments. --env-json fields: "
-            "os (linux|windows|macos), arch, python ('3.12'), optional implementation, "
-            "free_threaded, glibc ('2.35'), torch ('2.12.0+cu130'), torch_cuda ('13.0' or null "
-            "for a CPU build), gpus ([{name, compute_capability: '7.5'}])."
+            "os (linux|windows|macos), arch, python ('3.12'; '3.13t' free-threaded), optional "
+            "implementation, free_threaded, glibc ('2.35') or musl ('1.2'), torch "
+            "('2.12.0+cu130'), torch_cuda ('13.0' or null for a CPU build; taken from torch's "
+            "+cuXYZ / +cpu label when left out), gpus ([{name, compute_capability: '7.5'}])."
         ),
     )
     parser.add_argument(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -397,3 +398,77 @@ def test_manifest_over_http_gives_http_wheel_url(tmp_path):
         thread.join()
     cmds = pick_wheel.install_commands(manifest, base, WHEELS["ada"])
     assert cmds["pip"].startswith(f'python -m pip install "http://127.0.0.1:{server.server_port}/')
+
+
+# ---------------------------------------------------------------- libc, free-threading, torch's CUDA
+
+MUSL = _wheel("sm75.torch2.12cu130", "cp312", "musllinux_1_2_x86_64", ["sm75+PTX"], "2.12.0")
+
+
+def test_a_musl_linux_never_gets_a_manylinux_wheel():
+    alpine = {**machine(glibc=None), "musl": "1.2"}
+    verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(alpine))
+    assert verdict.wheel is None
+    assert "no wheel for linux x86_64 (musl 1.2)" in verdict.reason
+    with_musl = {**MANIFEST, "wheels": [*MANIFEST["wheels"], MUSL]}
+    verdict = pick_wheel.choose(with_musl, pick_wheel.machine_from_json(alpine))
+    assert verdict.wheel["filename"] == MUSL["filename"]
+    old = pick_wheel.machine_from_json({**alpine, "musl": "1.1"})
+    assert not pick_wheel.platform_fits("musllinux_1_2_x86_64", old)
+    glibc = pick_wheel.machine_from_json(machine())
+    assert not pick_wheel.platform_fits("musllinux_1_2_x86_64", glibc)
+
+
+def test_this_machine_on_musl_is_described_as_musl(monkeypatch):
+    monkeypatch.setattr(pick_wheel.platform, "libc_ver", lambda: ("", ""))
+    monkeypatch.setattr(pick_wheel, "_musl_version", lambda: (1, 2))
+    monkeypatch.setattr(pick_wheel.sys, "platform", "linux")
+    m = pick_wheel.detect_machine(use_torch=False)
+    assert m.musl == (1, 2) and m.glibc is None
+    assert not pick_wheel.platform_fits(f"manylinux_2_28_{m.arch}", m)
+
+
+def test_python_3_13t_is_the_free_threaded_build():
+    wheels = {
+        "cp313": _wheel("sm75.torch2.12cu130", "cp313", LINUX, ["sm75+PTX"], "2.12.0"),
+        "cp313t": {
+            **_wheel("sm75.torch2.12cu130", "cp313", LINUX, ["sm75+PTX"], "2.12.0"),
+            "filename": "sageattention-2.2.0+sm75.torch2.12cu130-cp313-cp313t-"
+            "manylinux_2_28_x86_64.whl",
+            "tags": ["cp313-cp313t-manylinux_2_28_x86_64"],
+        },
+    }
+    manifest = {**MANIFEST, "wheels": list(wheels.values())}
+    m = pick_wheel.machine_from_json(machine(python="3.13t"))
+    assert m.free_threaded
+    assert pick_wheel.choose(manifest, m).wheel is wheels["cp313t"]
+    plain = pick_wheel.machine_from_json(machine(python="3.13"))
+    assert pick_wheel.choose(manifest, plain).wheel is wheels["cp313"]
+
+
+@pytest.mark.parametrize("torch, expected", [
+    ("2.12.0+cu130", "13.0"), ("2.11.0+cu128", "12.8"), ("2.12.0+cpu", None),
+])
+def test_torch_cuda_left_out_is_read_from_torchs_label(torch, expected):
+    env = machine(torch=torch)
+    del env["torch_cuda"]
+    assert pick_wheel.machine_from_json(env).torch_cuda == expected
+
+
+@pytest.mark.parametrize("env, message", [
+    ({k: v for k, v in machine(torch="2.12.0").items() if k != "torch_cuda"},
+     "torch_cuda is missing and torch '2.12.0' does not say its CUDA"),
+    (machine(torch="2.12.0+cu130", torch_cuda="12.8"),
+     "torch '2.12.0+cu130' and torch_cuda '12.8' disagree"),
+    (machine(torch="2.12.0+cu130", torch_cuda=None),
+     "torch '2.12.0+cu130' and torch_cuda None disagree"),
+    (machine(torch="2.12.0+cpu", torch_cuda="13.0"),
+     "torch '2.12.0+cpu' and torch_cuda '13.0' disagree"),
+    ({**machine(python="3.13t"), "free_threaded": False}, "is a free-threaded build, but"),
+    (machine(os="windows", arch="amd64", glibc="2.35"), "glibc describes a Linux machine"),
+    ({**machine(), "musl": "1.2"}, "glibc and musl both given"),
+    (machine(torch_cuda="13"), "torch_cuda must look like '13.0', got '13'"),
+])
+def test_env_json_that_contradicts_itself_is_refused(env, message):
+    with pytest.raises(pick_wheel.BadInput, match=re.escape(message)):
+        pick_wheel.machine_from_json(env)
