@@ -26,6 +26,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,12 +79,41 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _interpreter(text: str) -> str:
+    """argparse type of --python: an executable, as a path or a name on PATH."""
+    found = shutil.which(text)
+    if found is None or not Path(found).is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executable interpreter; give its "
+                                         "path or a name on PATH, e.g. python3.12")
+    return found
+
+
+def wheel_problem(wheel: Path) -> str | None:
+    """Why ``wheel`` cannot be validated at all (checked for every wheel before any work), or
+    None: it must be an existing sageattention wheel file."""
+    try:
+        name = reports.parse_wheel_name(wheel.name)[0]
+    except reports.ReportError as exc:
+        return str(exc)
+    if name != "sageattention":
+        return (f"{wheel.name} is a {name} wheel, not a sageattention one; nothing of it is "
+                "installed")
+    if not wheel.is_file():
+        return f"no such wheel file: {wheel}" + (" (it is a folder)" if wheel.is_dir() else "")
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m scripts.factory.validate",
         description="Install a sageattention wheel, run the GPU validation suite against it and "
                     "write release_notes/<wheel stem>.report.json (bound to the wheel's sha256). "
-                    "Refuses without a GPU.")
+                    "Refuses without a GPU.",
+        epilog=f"exit codes: {EXIT_OK} every check passed or was skipped; {EXIT_CHECK_FAILED} a "
+               f"check failed (the report is still written); {EXIT_REFUSED} refused (bad "
+               f"arguments, no GPU, not a sageattention wheel; nothing installed); "
+               f"{EXIT_CRASHED} the install or the suite crashed or ran past --timeout. With "
+               "several wheels, the worst of them.")
     p.add_argument("wheels", nargs="*", type=Path, metavar="WHEEL",
                    help="wheel files to validate (same as --wheel)")
     p.add_argument("--wheel", action="append", type=Path, help="a wheel file to validate "
@@ -91,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true",
                    help="reuse the preinstalled torch: no venv, no network (pip --no-deps "
                         "--no-index --target into a temporary directory)")
-    p.add_argument("--python", default=sys.executable,
+    p.add_argument("--python", type=_interpreter, default=sys.executable,
                    help="interpreter to install into and run the suite with (default: this one)")
     p.add_argument("--out-dir", type=reports.output_dir, default=DEFAULT_OUT,
                    help=f"where the report goes (default: {DEFAULT_OUT})")
@@ -156,6 +186,18 @@ def probe(python: str, runner: Callable = subprocess.run) -> dict:
         return {"torch": None, "error": (res.stderr or res.stdout).strip()[-500:]}
 
 
+def gpu_listed(runner: Callable = subprocess.run) -> bool:
+    """Whether nvidia-smi lists an NVIDIA GPU: what can be asked before torch is installed."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        res = runner([exe, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return res.returncode == 0 and "GPU" in (res.stdout or "")
+
+
 def require_gpu(info: dict, python: str, *, installed: bool) -> None:
     """Refuse unless ``python`` imports torch and sees a GPU (``installed``: after the install)."""
     if info.get("torch") is None:
@@ -199,15 +241,19 @@ def _imported_from_wheel(suite: dict, args, workdir: Path) -> str | None:
 def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
     """Install one wheel, run the suite against it, write its report; return the exit status."""
     try:
-        reports.parse_wheel_name(wheel.name)
-        if not wheel.is_file():
-            raise Refused(f"no such wheel file: {wheel}")
+        problem = wheel_problem(wheel)
+        if problem:
+            raise Refused(problem)
         # Nothing gets installed on a machine that cannot validate. (Without --system, torch
         # may only arrive with the wheel; then the GPU is probed after the install.)
         first = probe(args.python, runner)
         torch_later = not args.system and first.get("torch") is None
         if not torch_later:
             require_gpu(first, args.python, installed=False)
+        elif not gpu_listed(runner):
+            raise Refused(f"{args.python} has no torch yet and nvidia-smi lists no NVIDIA GPU: "
+                          "validation runs the wheel's kernels and needs a GPU; run it on a GPU "
+                          "runner (nothing was installed)")
         with tempfile.TemporaryDirectory(prefix="sageattention-validate-") as tmp:
             workdir = Path(tmp)
             (workdir / "run").mkdir()
@@ -251,6 +297,16 @@ def main(argv: list[str] | None = None, runner: Callable = subprocess.run) -> in
     wheels = [*args.wheels, *(args.wheel or [])]
     if not wheels:
         parser.error("name at least one wheel (--wheel PATH or PATH)")
+    # Every wheel is checked before the first one is installed: a typo in the last name must
+    # not cost the others' runs first.
+    seen = set()
+    for wheel in map(Path, wheels):
+        problem = wheel_problem(wheel) or (f"{wheel} is named twice" if wheel.resolve() in seen
+                                           else None)
+        if problem:
+            print(f"refused: {problem}", file=sys.stderr)
+            return EXIT_REFUSED
+        seen.add(wheel.resolve())
     command = shlex.join(["python", "-m", "scripts.factory.validate",
                           *(sys.argv[1:] if argv is None else argv)])
     # The worst outcome wins: crashed > refused > a check failed > all passed.

@@ -285,15 +285,67 @@ def test_validate_refuses_when_the_suite_imported_something_else(tmp_path, wheel
 
 def test_validate_takes_wheels_as_nox_passes_them(tmp_path, wheel, capsys):
     """noxfile.py passes bare wheel paths; each is validated and the worst status wins."""
+    other = tmp_path / WHEEL.replace("sm90", "sm80")
+    other.write_bytes(b"PK fake wheel bytes")
+    seen = []
+
     def runner(argv, **kwargs):
+        seen.append(argv)
         return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
             {"torch": "2.14.1", "cuda_available": False, "devices": 0}), stderr="")
 
-    assert validate.main([str(wheel), "--wheel", str(tmp_path / "x.whl")], runner=runner) == 2
-    err = capsys.readouterr().err
-    assert "no CUDA GPU is visible" in err and "'x.whl' is not a wheel file name" in err
+    assert validate.main([str(wheel), "--wheel", str(other)], runner=runner) == 2
+    assert "no CUDA GPU is visible" in capsys.readouterr().err and len(seen) == 2
     with pytest.raises(SystemExit):
         validate.main([])
+
+
+@pytest.mark.parametrize("name, words", [
+    ("x.whl", "'x.whl' is not a wheel file name"),
+    ("numpy-2.0.0-cp312-cp312-linux_x86_64.whl",
+     "numpy-2.0.0-cp312-cp312-linux_x86_64.whl is a numpy wheel, not a sageattention one"),
+    (WHEEL.replace("sm90", "sm80"), "no such wheel file"),
+    (WHEEL, "is named twice"),
+])
+def test_every_wheel_is_checked_before_the_first_is_installed(tmp_path, wheel, capsys, name,
+                                                              words):
+    # The first wheel was installed and its suite run before a bad second name was refused; a
+    # wheel of another project was installed into the environment before being refused.
+    if name.startswith("numpy"):
+        (tmp_path / name).write_bytes(b"PK")
+    runner = lambda *a, **k: pytest.fail("ran something before refusing")  # noqa: E731
+    assert validate.main([str(wheel), str(tmp_path / name)], runner=runner) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python", "."])
+def test_a_python_that_is_not_an_interpreter_is_a_usage_error(wheel, capsys, python):
+    runner = lambda *a, **k: pytest.fail("ran something despite a bad --python")  # noqa: E731
+    with pytest.raises(SystemExit) as exc:
+        validate.main(["--wheel", str(wheel), "--python", python], runner=runner)
+    assert exc.value.code == 2
+    assert f"argument --python: {python!r} is not an executable interpreter" in \
+        capsys.readouterr().err
+
+
+def test_without_torch_and_without_a_gpu_nothing_is_installed(wheel, capsys, monkeypatch):
+    # torch may come with the wheel, so a --python without torch was installed into first
+    # (torch included) and only then found to have no GPU; docs/validation.md says nothing is.
+    calls = []
+
+    def runner(argv, **kwargs):
+        calls.append(argv)
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": None, "error": "ModuleNotFoundError('torch')"}), stderr="")
+        return subprocess.CompletedProcess(argv, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(validate.shutil, "which",
+                        lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else name)
+    assert validate.main(["--wheel", str(wheel), "--python", sys.executable],
+                         runner=runner) == 2
+    assert "nvidia-smi lists no NVIDIA GPU" in capsys.readouterr().err
+    assert [c[1] for c in calls] == ["-c", "-L"]  # the probe and nvidia-smi, no pip
 
 
 def test_a_hung_suite_is_stopped_and_reported(tmp_path, wheel, capsys):
