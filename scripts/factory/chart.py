@@ -95,17 +95,27 @@ def write_chart(report: dict, out_dir: Path, source_name: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.factory.chart",
                                 description="Write <wheel stem>.speedup.svg from a validation "
-                                            "report (beside it unless --out-dir).")
-    p.add_argument("reports", nargs="+", type=Path)
-    p.add_argument("--out-dir", type=Path)
+                                            "report (beside it unless --out-dir).",
+                                epilog="exit codes: 0 written; 2 a report is missing or invalid "
+                                       "(nothing written) or bad arguments")
+    p.add_argument("reports", nargs="+", type=Path, metavar="REPORT",
+                   help="<wheel stem>.report.json files (python -m scripts.factory.validate "
+                        "writes them)")
+    p.add_argument("--out-dir", type=reports.output_dir,
+                   help="write the charts here (created if missing) instead of beside each "
+                        "report")
     args = p.parse_args(argv)
-    for path in args.reports:
+    docs = []
+    for path in args.reports:  # every report is read before the first chart is written
         try:
-            doc = reports.load_report(path)
+            docs.append((path, reports.load_report(path)))
         except reports.ReportError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(f"wrote {write_chart(doc, args.out_dir or path.parent, path.name)}")
+    for path, doc in docs:
+        out_dir = args.out_dir or path.parent
+        out_dir.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {write_chart(doc, out_dir, path.name)}")
     return 0
 
 

@@ -403,7 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m scripts.factory.notes",
         description="Write <stem>.md and <stem>.speedup.svg beside each <stem>.report.json "
-                    "(default: every report in release_notes/).")
+                    "(default: every report in release_notes/).",
+        epilog="exit codes: 0 written (with --check: all up to date); 1 --check found a note or "
+               "chart missing or out of date; 2 a report is missing or invalid (nothing "
+               "written) or bad arguments")
     p.add_argument("reports", nargs="*", type=Path, help="report files (default: all in "
                                                          "release_notes/)")
     p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where to look for reports")
@@ -423,14 +426,19 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"no reports ({reports.REPORT_SUFFIX}) in {args.dir}: nothing to do")
         return 0
-    stale = []
-    for path in paths:
+    stale, generated = [], []
+    for path in paths:  # every report is read before the first note is written
         try:
-            outputs = generate(path, args.out_dir)
+            generated.append(generate(path, args.out_dir))
         except reports.ReportError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        note_path, chart_path, note, svg = outputs
+    twice = {g[0] for g in generated if [h[0] for h in generated].count(g[0]) > 1}
+    if twice:
+        print(f"error: two reports would write {', '.join(map(str, sorted(twice)))}; name each "
+              "wheel's report once (or write them to different --out-dir)", file=sys.stderr)
+        return 2
+    for note_path, chart_path, note, svg in generated:
         for target, text in ((note_path, note), (chart_path, svg)):
             if args.check:
                 if not target.exists() or target.read_text(encoding="utf-8") != text:

@@ -288,3 +288,41 @@ def test_notes_cli_help():
                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert res.returncode == 0 and "--check" in res.stdout
     assert re.search(r"<stem>\.md", res.stdout)
+
+
+@pytest.mark.parametrize("command", [notes.main, chart.main], ids=["notes", "chart"])
+def test_a_bad_report_after_a_good_one_stops_before_anything_is_written(tmp_path, capsys,
+                                                                        command):
+    good = FIXTURES / f"{STEM90}.report.json"
+    assert command([str(good), str(tmp_path / "missing.report.json"),
+                    "--out-dir", str(tmp_path / "out")]) == 2
+    assert "no such report" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_chart_out_dir_is_created_and_a_file_is_refused(tmp_path, capsys):
+    good = FIXTURES / f"{STEM90}.report.json"
+    assert chart.main([str(good), "--out-dir", str(tmp_path / "new" / "dir")]) == 0
+    assert (tmp_path / "new" / "dir" / f"{STEM90}.speedup.svg").is_file()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        chart.main([str(good), "--out-dir", str(tmp_path / "afile")])
+    assert exc.value.code == 2
+    assert "argument --out-dir: " in capsys.readouterr().err
+
+
+def test_two_reports_of_one_wheel_into_one_out_dir_are_refused(tmp_path, capsys):
+    copy = tmp_path / "copy" / f"{STEM90}.report.json"
+    copy.parent.mkdir()
+    copy.write_bytes((FIXTURES / copy.name).read_bytes())
+    out = tmp_path / "out"
+    assert notes.main([str(FIXTURES / copy.name), str(copy), "--out-dir", str(out)]) == 2
+    assert "two reports would write" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("module", ["notes", "chart"])
+def test_help_states_the_exit_codes(module):
+    res = subprocess.run([sys.executable, "-m", f"scripts.factory.{module}", "--help"],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert res.returncode == 0 and "exit codes: 0" in res.stdout
