@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import matrix as matrix_module
-from .errors import FactoryError, PlanError
+from .errors import (BuildError, FactoryError, MatrixError, PlanError, ToolchainError,
+                     WheelCheckError, exit_codes)
 from .kernels import jobs_argument
 from .report import output_dir
 
@@ -94,15 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory",
         description="sageattention wheel factory, build half: validate the matrix, plan and "
-                    "build exact, repaired, self-describing wheels.")
+                    "build exact, repaired, self-describing wheels.",
+        epilog=exit_codes(MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError)
+        + " (matrix and ptxas: see their --help)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("matrix", help="validate build_matrix.yaml / print cells (see --help)",
                    add_help=False)
     sub.add_parser("ptxas", help="registers, spills and ptxas performance notes per kernel "
                                  "(see --help)", add_help=False)
-    for name, help_text in (("plan", "print what would be built and why cells are skipped"),
-                            ("build", "build (and repair and check) wheels")):
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name, help_text, errors in (
+            ("plan", "print what would be built and why cells are skipped",
+             (MatrixError, PlanError, ToolchainError)),
+            ("build", "build (and repair and check) wheels",
+             (MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError))):
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=exit_codes(*errors))
         which = p.add_mutually_exclusive_group(required=True)
         which.add_argument("--sm", action=_Once,
                            help="every cell targeting this SM, e.g. sm75")
@@ -118,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", type=output_dir, default=Path("wheelhouse"),
                            help="where final wheels go (default: wheelhouse/)")
     check = sub.add_parser("check", help="check built wheels: name, METADATA, build info, "
-                                         "file set")
+                                         "file set",
+                           epilog=exit_codes(MatrixError, WheelCheckError))
     check.add_argument("wheels", nargs="+", type=Path)
     check.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX)
     check.add_argument("--no-file-set", action="store_true",

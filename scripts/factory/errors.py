@@ -43,3 +43,15 @@ class WheelCheckError(FactoryError):
     """A built wheel's name, metadata and build info disagree, or its file set is wrong."""
 
     exit_code = 6
+
+
+def exit_codes(*errors: type[FactoryError]) -> str:
+    """The exit statuses of a command that fails with ``errors``, for its --help epilog; each
+    class's docstring says what its status means (2 also covers bad arguments: argparse's)."""
+    meanings = {0: "done", 2: "bad arguments"}
+    for error in sorted(errors, key=lambda e: e.exit_code):
+        meaning = error.__doc__.strip().rstrip(".")
+        meaning = meaning[0].lower() + meaning[1:]
+        meanings[error.exit_code] = (f"{meanings[error.exit_code]}, or {meaning}"
+                                     if error.exit_code in meanings else meaning)
+    return "exit codes: " + "; ".join(f"{code} {text}" for code, text in sorted(meanings.items()))

@@ -18,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import arch
 from .arch import REPO_ROOT
-from .errors import FactoryError, MatrixError
+from .errors import FactoryError, MatrixError, exit_codes
 from .model import OSES, Cell, Matrix, Target
 
 DEFAULT_MATRIX = REPO_ROOT / "build_matrix.yaml"
@@ -250,7 +250,8 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory matrix",
-        description="Validate build_matrix.yaml and print its cells.")
+        description="Validate build_matrix.yaml and print its cells.",
+        epilog=exit_codes(MatrixError))
     parser.add_argument("--check", metavar="FILE", type=Path,
                         help="validate FILE instead of the repository's build_matrix.yaml")
     parser.add_argument("--json", action="store_true",

@@ -478,3 +478,20 @@ def test_check_names_a_malformed_build_info_or_metadata_without_a_traceback(
     assert cli.main(["check", str(wheel)]) == WheelCheckError.exit_code
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, codes", [
+    ([], [0, 2, 3, 4, 5, 6]), (["plan"], [0, 2, 3, 4]), (["build"], [0, 2, 3, 4, 5, 6]),
+    (["check"], [0, 2, 6]), (["matrix"], [0, 2]),
+])
+def test_factory_help_states_its_exit_codes(capsys, argv, codes):
+    # The statuses of errors.py (3 plan, 4 toolchain, 5 build, 6 check) were documented nowhere.
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    listed = re.search(r"exit codes: (.*)", text)
+    assert listed, text
+    assert [int(c) for c in re.findall(r"(?:^|; )(\d) ", listed.group(1))] == codes
