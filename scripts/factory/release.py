@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -291,6 +291,16 @@ def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ..
             targets.append(parse_gpu_target(raw))
         except (TypeError, ValueError) as exc:
             reasons.append(f"build info: {exc}")
+    # The PTX a wheel embeds is build info's "ptx" list: '+PTX' targets' and also a family's
+    # embed_ptx (the sm75 family's compute_75 in a plain 'sm75' wheel), as the runtime guard reads.
+    embedded = info.get("ptx") or []
+    if not isinstance(embedded, list) or not all(
+        isinstance(p, str) and re.fullmatch(r"compute_\d+\d", p) for p in embedded
+    ):
+        reasons.append(f"build info ptx must be a list like ['compute_75'], got {embedded!r}")
+        embedded = []
+    ptx_ccs = {(int(p[8:-1]), int(p[-1])) for p in embedded}
+    targets = [replace(t, ptx=True) if t.cc in ptx_ccs else t for t in targets]
     if info.get("cuda"):
         try:
             normalize_cuda(info["cuda"])

@@ -524,3 +524,28 @@ def test_picker_reads_the_generated_manifest(tmp_path):
     assert (out / fx.PASSING).is_file()
     index = (out / "simple" / "sm90.torch2.14cu130").as_uri() + "/"
     assert f"--index-url {index} " in answer["commands"]["pip_index"]
+
+
+def test_a_familys_embedded_ptx_counts_without_plus_ptx_in_the_target(tmp_path):
+    # A plain "sm75" cell (valid in build_matrix.yaml) still embeds compute_75 (the sm75
+    # family's embed_ptx; build info "ptx"), which the guard and the suite run on newer GPUs.
+    # The release read PTX from "+PTX" alone: its H200 ptx-jit report was refused, and the
+    # manifest told the picker the wheel had no PTX.
+    wheel = fx.build_wheel(tmp_path / "wheels", "sm75.torch2.14cu130", fx.LINUX_311,
+                           sm_targets=["sm75"], build_info_extra={"ptx": ["compute_75"]})
+    fx.write_report(tmp_path / "reports", wheel, fx.make_report(wheel, execution="ptx-jit"))
+    fx.write_note(tmp_path / "reports", wheel)
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Accepted), getattr(verdict, "reasons", None)
+    entry = release.manifest_entry(verdict, "simple")
+    assert entry["gpu_targets"] == [{"name": "sm75", "cc": "7.5", "sass": True, "ptx": True,
+                                     "arch_specific": False}]
+
+
+def test_a_malformed_ptx_list_in_build_info_is_a_refusal_reason(tmp_path):
+    wheel = fx.build_wheel(tmp_path / "wheels", "sm75.torch2.14cu130", fx.LINUX_311,
+                           sm_targets=["sm75"], build_info_extra={"ptx": "compute_75"})
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Refused)
+    assert "build info ptx must be a list like ['compute_75'], got 'compute_75'" in \
+        verdict.reasons
