@@ -106,8 +106,7 @@ def write_index(
             raise ValueError(f"wheel {entry.filename!r} is not a {project!r} wheel")
         by_variant[variant_of(entry.filename)].append(entry)
 
-    where: dict[str, str] = {}
-    for variant, group in sorted(by_variant.items()):
+    for variant, group in sorted(by_variant.items()):  # every page is checked before any is written
         seen: dict[object, str] = {}
         for entry in group:
             for tag in parse_wheel_filename(entry.filename)[3]:
@@ -117,6 +116,9 @@ def write_index(
                         f"wheels {other!r} and {entry.filename!r} share the tag {tag} in index "
                         f"variant {variant!r}; one page may hold only one wheel per tag"
                     )
+
+    where: dict[str, str] = {}
+    for variant, group in sorted(by_variant.items()):
         variant_dir = root / variant
         (variant_dir / project_dir).mkdir(parents=True, exist_ok=True)
         (variant_dir / "index.html").write_text(
@@ -194,7 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
+        try:
+            manifest = json.loads(args.manifest.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            why = ("it is a folder" if args.manifest.is_dir() else
+                   getattr(exc, "strerror", None) or f"not JSON: {exc}")
+            raise ValueError(f"cannot read --manifest {args.manifest} ({why}); name the "
+                             "release's manifest.json") from None
+        under = next((p for p in (args.out, *args.out.parents) if p.exists()), None)
+        if under is not None and not under.is_dir():
+            raise ValueError(f"--out {args.out} " + ("is a file" if under == args.out else
+                                                     f"lies under the file {under}")
+                             + "; name a folder (it is created if missing)")
         entries = entries_from_manifest(manifest)
         where = write_index(
             args.out, str(manifest.get("project", "sageattention")), entries, args.wheel_base_url

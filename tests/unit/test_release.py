@@ -549,3 +549,31 @@ def test_a_malformed_ptx_list_in_build_info_is_a_refusal_reason(tmp_path):
     assert isinstance(verdict, release.Refused)
     assert "build info ptx must be a list like ['compute_75'], got 'compute_75'" in \
         verdict.reasons
+
+
+def test_index_writes_no_page_when_a_later_variant_is_refused(tmp_path):
+    first = fx.wheel_filename("sm75.torch2.12cu130", fx.LINUX_311)
+    name = fx.wheel_filename("sm80.torch2.12cu130", fx.LINUX_311)
+    build_tagged = name.replace("-cp311-", "-1-cp311-", 1)  # same tags as `name`
+    with pytest.raises(ValueError, match="share the tag"):
+        index.write_index(tmp_path / "simple", "sageattention",
+                          [index.IndexEntry(n, "0" * 64) for n in (first, name, build_tagged)])
+    assert not (tmp_path / "simple").exists()  # the sm75 page was written before the refusal
+
+
+@pytest.mark.parametrize("manifest, out, words", [
+    ("folder", "site", "cannot read --manifest {tmp}/folder (it is a folder); name the "
+                       "release's manifest.json"),
+    ("missing.json", "site", "cannot read --manifest {tmp}/missing.json (No such file or "
+                             "directory)"),
+    ("broken.json", "site", "cannot read --manifest {tmp}/broken.json (not JSON: "),
+    ("ok.json", "afile", "--out {tmp}/afile is a file; name a folder"),
+    ("ok.json", "afile/x", "--out {tmp}/afile/x lies under the file {tmp}/afile"),
+])
+def test_index_cli_names_the_bad_argument(tmp_path, capsys, manifest, out, words):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "ok.json").write_text('{"wheels": []}')
+    (tmp_path / "afile").write_text("")
+    assert index.main(["--manifest", str(tmp_path / manifest), "--out", str(tmp_path / out)]) == 2
+    assert words.format(tmp=tmp_path) in capsys.readouterr().err
