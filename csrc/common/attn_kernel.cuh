@@ -66,6 +66,12 @@
 #ifndef SAGE_ROWSUM_MMA
 #define SAGE_ROWSUM_MMA 0
 #endif
+// 16-bit P packed into its A-fragment words as soon as each pair is exponentiated (in place of
+// the P.V loop), so a block's P holds half the registers while the row maxima of the next rows
+// are computed (tuning knob, 0: off).
+#ifndef SAGE_PACK_P_EARLY
+#define SAGE_PACK_P_EARLY 0
+#endif
 #if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
 #error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
 #endif
@@ -231,6 +237,8 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kExp2F16x2 = SAGE_EXP2_F16X2 && PV == PvKind::kFp16;  // P from exp2_f16x2
   constexpr bool kRowSumMma = SAGE_ROWSUM_MMA && pv_is_16bit(PV) && ACC == PvAccum::kF32;
   constexpr int kOT = kDT + (kRowSumMma ? 1 : 0);  // fp32 output tiles: O, then the row sums
+  // s[mt][j][2r] holds P's packed word of columns 2t, 2t+1 after the softmax
+  constexpr bool kPackedP = kExp2F16x2 || (SAGE_PACK_P_EARLY && pv_is_16bit(PV));
   static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
                 "bf16 P.V has fp32 accumulators only (the fp16-accumulating mma takes fp16 operands)");
 
@@ -537,6 +545,17 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             s[mt][j][2 * r] = __uint_as_float(words[j]);
           }
           if constexpr (!kRowSumMma) rowsum = sum_f16x2<kNT>(words);
+        } else if constexpr (kPackedP) {
+          #pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            float pv[2];
+            #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              pv[e] = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
+              if constexpr (!kRowSumMma) rowsum += pv[e];
+            }
+            s[mt][j][2 * r] = __uint_as_float(pack_p16<PV>(pv[0], pv[1]));
+          }
         } else {
           #pragma unroll
           for (int j = 0; j < kNT; ++j)
@@ -581,7 +600,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         uint32_t pa[MT][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (kExp2F16x2) {
+          if constexpr (kPackedP) {
             pa[mt][0] = __float_as_uint(s[mt][2 * kc][0]);
             pa[mt][1] = __float_as_uint(s[mt][2 * kc][2]);
             pa[mt][2] = __float_as_uint(s[mt][2 * kc + 1][0]);
