@@ -186,23 +186,35 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     return attn_mask
 
 
+def check_scale(name: str, value) -> float | None:
+    """A scale argument as a finite float, or None. torch's SDPA also takes a 0-d real tensor
+    without grad (a model may keep its scale in a buffer): that gives its value."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.requires_grad or value.dtype == torch.bool or value.dtype.is_complex:
+            grad = ", requiring grad" if value.requires_grad else ""
+            raise TypeError(f"{name} must be a real number, a 0-d real tensor without grad, or None; got a "
+                            f"tensor of shape {tuple(value.shape)} ({value.dtype}{grad})")
+        value = value.item()
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
+    if value is None:
+        return None
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:   # an int (or Fraction) past float's range
+        raise ValueError(f"{name} must be finite, got a number too large for a float") from None
+    if not finite:
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
+
+
 def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
     """sm_scale and SDPA's `scale` are aliases; both given and different is an error."""
-    for name, value in (("sm_scale", sm_scale), ("scale", scale)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-            raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
-        if value is None:
-            continue
-        try:
-            finite = math.isfinite(value)
-        except OverflowError:   # an int (or Fraction) past float's range
-            raise ValueError(f"{name} must be finite, got a number too large for a float") from None
-        if not finite:
-            raise ValueError(f"{name} must be finite, got {value}")
-    if sm_scale is not None and scale is not None and float(sm_scale) != float(scale):
+    sm_scale, scale = check_scale("sm_scale", sm_scale), check_scale("scale", scale)
+    if sm_scale is not None and scale is not None and sm_scale != scale:
         raise ValueError(f"sm_scale={sm_scale} and scale={scale} disagree; pass one of them")
     chosen = sm_scale if sm_scale is not None else scale
-    return float(chosen) if chosen is not None else (head_dim ** -0.5 if head_dim else 1.0)
+    return chosen if chosen is not None else (head_dim ** -0.5 if head_dim else 1.0)
 
 
 def check_dropout(dropout_p) -> float:

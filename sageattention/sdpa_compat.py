@@ -8,13 +8,13 @@ maps every argument by name; `patch_sdpa()` installs it for a `with` block and r
 from __future__ import annotations
 
 import contextlib
-import numbers
 
 import torch
 import torch.nn.functional as F
 
 from . import core
 from .dispatch import record_backend
+from .inputs import check_scale
 
 __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 
@@ -43,8 +43,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     quantized kernels cannot serve (masks without Triton, dropout, grad, fp32, CPU...) run torch's SDPA.
     """
     if _torch_handles_it(query, key, value, enable_gqa):
-        # torch returned NaN for these (it takes numpy scalars too); the same attention instead
-        if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and scale <= 0:
+        # checked as sageattn checks it (torch returned NaN for a NaN or infinite scale); torch
+        # also returned NaN for zero or negative ones, so those get the same attention instead
+        scale = check_scale("scale", scale)
+        if scale is not None and scale <= 0:
             query, scale = core._positive_scale(query, scale)
         out = core._torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

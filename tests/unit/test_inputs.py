@@ -94,6 +94,26 @@ def test_bad_options_for_sageattn(kwargs, error, match):
         sa.sageattn(q, k, v, **kwargs)
 
 
+def test_a_0d_tensor_scale_is_its_value():
+    # torch's SDPA takes a 0-d tensor as the scale (a model's buffer); it was a TypeError here
+    for value in (torch.tensor(0.25), torch.tensor(0.25, dtype=torch.float64), torch.tensor(-2)):
+        assert inputs.resolve_sm_scale(value, None, 64) == value.item()
+        assert inputs.resolve_sm_scale(None, value, 64) == value.item()
+    assert inputs.resolve_sm_scale(torch.tensor(0.5), 0.5, 64) == 0.5
+
+
+@pytest.mark.parametrize("value,error,match", [
+    (torch.tensor([0.25]), TypeError, r"sm_scale must be a real number, a 0-d real tensor without grad, "
+                                      r"or None; got a tensor of shape \(1,\)"),
+    (torch.tensor(0.25, requires_grad=True), TypeError, "requiring grad"),
+    (torch.tensor(True), TypeError, "torch.bool"),
+    (torch.tensor(float("inf")), ValueError, "sm_scale must be finite, got inf"),
+])
+def test_bad_tensor_scales(value, error, match):
+    with pytest.raises(error, match=match):
+        sa.sageattn(*qkv(), sm_scale=value)
+
+
 @pytest.mark.parametrize("func,kwargs,match", [
     (sa.sageattn_qk_int8_pv_fp16_cuda, {"qk_quant_gran": "per_block"}, "'per_warp', 'per_thread'"),
     (sa.sageattn_qk_int8_pv_fp16_cuda, {"pv_accum_dtype": "fp32+fp32"}, "'fp32', 'fp16\\+fp32', 'fp16'"),

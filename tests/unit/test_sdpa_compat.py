@@ -121,6 +121,29 @@ def test_numpy_scales_of_zero_or_below_give_attention_where_torch_gave_nan():
         assert torch.allclose(out, s.softmax(-1) @ k3)
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 24, 64), (4, 24, 64)])   # sageattn's path, torch's path
+def test_a_0d_tensor_scale_is_taken_as_torch_takes_it(shape):
+    # torch's SDPA takes a 0-d tensor (a model's buffer) as the scale; the 4-D path raised TypeError
+    q = torch.randn(*shape, dtype=torch.float64)
+    for scale in (torch.tensor(0.2), torch.tensor(0.2, dtype=torch.float64), torch.tensor(2)):
+        assert torch.equal(sa.scaled_dot_product_attention(q, q, q, scale=scale),
+                           TORCH_SDPA(q, q, q, scale=scale.item()))
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 24, 64), (4, 24, 64)])
+@pytest.mark.parametrize("scale,error,match", [
+    (float("nan"), ValueError, "scale must be finite, got nan"),   # torch's path returned NaN
+    (float("-inf"), ValueError, "scale must be finite, got -inf"),
+    pytest.param(10 ** 400, ValueError, "scale must be finite", id="int-past-float"),   # torch's OverflowError
+    (torch.tensor([0.2]), TypeError, "scale must be a real number, a 0-d real tensor without grad"),
+    (torch.tensor(0.2, requires_grad=True), TypeError, "requiring grad"),
+])
+def test_bad_scales_are_refused_whichever_path_runs(shape, scale, error, match):
+    q = torch.randn(*shape)
+    with pytest.raises(error, match=match):
+        sa.scaled_dot_product_attention(q, q, q, scale=scale)
+
+
 def test_patch_sdpa_patches_and_restores():
     q, k, v = qkv()
     mask = torch.ones(24, 40, dtype=torch.bool).tril()
