@@ -34,10 +34,14 @@ from packaging.version import Version
 try:  # run as `python scripts/factory/release.py` or imported as scripts.factory.release
     from . import index as index_mod
     from . import report as report_mod
+    from .labels import LocalLabel
 except ImportError:  # pragma: no cover - script mode
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import index as index_mod  # type: ignore[no-redef]
     import report as report_mod  # type: ignore[no-redef]
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from scripts.factory.labels import LocalLabel  # type: ignore[no-redef]
 
 PROJECT = "sageattention"
 MANIFEST_SCHEMA_VERSION = 1
@@ -301,6 +305,29 @@ def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ..
         embedded = []
     ptx_ccs = {(int(p[8:-1]), int(p[-1])) for p in embedded}
     targets = [replace(t, ptx=True) if t.cc in ptx_ccs else t for t in targets]
+    # The manifest takes torch, CUDA and targets from build info and the torch pin from METADATA;
+    # the picker and the user read the label. They must say one thing (the label rule of
+    # sageattention/build_info.py, which `factory check` applies too).
+    try:
+        label = LocalLabel.parse(facts.local_label)
+    except ValueError as exc:
+        reasons.append(f"the file name's label: {exc}")
+    else:
+        if info.get("torch") and info.get("cuda") and targets:
+            try:
+                built = LocalLabel.create([t.cc[0] * 10 + t.cc[1] for t in targets],
+                                          str(info["torch"]), str(info["cuda"]))
+            except ValueError as exc:
+                reasons.append(f"build info: {exc}")
+            else:
+                if built != label:
+                    reasons.append(
+                        f"build info (sm_targets {raw_targets}, torch {info['torch']}, CUDA "
+                        f"{info['cuda']}) says label {built}, the file name says {label}")
+        pin = f"=={label.torch[0]}.{label.torch[1]}.*"
+        if facts.torch_requirement != pin:
+            reasons.append(f"METADATA requires torch{facts.torch_requirement or ' (any)'}, but "
+                           f"the label says torch{pin}: pip would install another torch")
     if info.get("cuda"):
         try:
             normalize_cuda(info["cuda"])

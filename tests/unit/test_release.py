@@ -577,3 +577,28 @@ def test_index_cli_names_the_bad_argument(tmp_path, capsys, manifest, out, words
     (tmp_path / "afile").write_text("")
     assert index.main(["--manifest", str(tmp_path / manifest), "--out", str(tmp_path / out)]) == 2
     assert words.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("label, build, words", [
+    ("sm80.torch2.12cu130", {"torch": "2.14.1", "torch_requirement": "torch==2.12.*"},
+     "says label sm80.torch2.14cu130, the file name says sm80.torch2.12cu130"),
+    ("sm80.torch2.14cu130", {"cuda": "12.8"},
+     "says label sm80.torch2.14cu128, the file name says sm80.torch2.14cu130"),
+    ("sm80.torch2.14cu130", {"sm_targets": ["sm90"]},
+     "says label sm90.torch2.14cu130, the file name says sm80.torch2.14cu130"),
+    ("sm80.torch2.14cu130", {"torch_requirement": "torch==2.12.*"},
+     "METADATA requires torch==2.12.*, but the label says torch==2.14.*"),
+    ("sm80.torch2.14cu130", {"torch_requirement": None},
+     "METADATA requires torch (any), but the label says torch==2.14.*"),
+])
+def test_a_wheel_whose_label_disagrees_with_its_contents_is_refused(tmp_path, label, build,
+                                                                   words):
+    # The manifest takes torch, CUDA and targets from build info and the pin from METADATA:
+    # such a wheel was published, and the picker offered it to the wrong machines.
+    build = {"sm_targets": ["sm80+PTX"], **build}
+    wheel = fx.build_wheel(tmp_path / "wheels", label, fx.LINUX_311, **build)
+    fx.write_report(tmp_path / "reports", wheel, fx.make_report(wheel, execution="ptx-jit"))
+    fx.write_note(tmp_path / "reports", wheel)
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    assert isinstance(verdict, release.Refused)
+    assert any(words in r for r in verdict.reasons), verdict.reasons
