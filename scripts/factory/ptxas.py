@@ -207,6 +207,15 @@ def _regex(text: str) -> re.Pattern:
         raise argparse.ArgumentTypeError(f"not a regular expression ({exc}): {text!r}") from None
 
 
+def _define(text: str) -> str:
+    """argparse type of -D: NAME or NAME=VALUE, NAME a C identifier (nvcc refused it only after
+    the compiles had started)."""
+    if not re.fullmatch(r"[A-Za-z_]\w*(=.*)?", text, re.DOTALL):
+        raise argparse.ArgumentTypeError(f"not NAME[=VALUE] with NAME a C identifier: {text!r}; "
+                                         "e.g. -D SAGE_WG_PERSISTENT=1")
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory ptxas",
@@ -215,11 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--host the launchers too; no torch, no GPU).",
         epilog="exit codes: 0 done (with --strict: nothing found); 1 --strict found a spill, a "
                "stack frame or a performance note; 2 bad arguments or nvcc failed.")
-    parser.add_argument("--family", nargs="+", metavar="F",
+    parser.add_argument("--family", nargs="+", action="extend", metavar="F",
                         help="families from sageattention/native/families.json (default: all)")
-    parser.add_argument("--sm", nargs="+", type=int, metavar="XY",
+    parser.add_argument("--sm", nargs="+", action="extend", type=int, metavar="XY",
                         help="only these SM targets, e.g. 90 (default: every SM each family serves)")
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]",
+                        type=_define,
                         help="a preprocessor define for every file, e.g. -D SAGE_WG_PERSISTENT=1")
     parser.add_argument("--kernel", type=_regex, metavar="REGEX",
                         help="only kernels whose name (demangled, or mangled) matches, e.g. attn_wgmma")
@@ -233,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also compile each file's host code (object files, slower): a launcher "
                              "that does not compile for some -D set fails here, not in a device build")
     args = parser.parse_args(argv)
+    for option, given in (("--family", args.family), ("--sm", args.sm)):
+        twice = sorted({str(x) for x in given or () if given.count(x) > 1})
+        if twice:  # each file would compile, and each kernel be listed, twice
+            parser.error(f"argument {option}: {', '.join(twice)} given twice; name each once")
     try:
         kernels, loose = report(args.family, args.sm, args.defines, args.jobs, host=args.host)
     except FactoryError as exc:  # no nvcc, an unknown family, a bad MAX_JOBS, a failed compile

@@ -107,6 +107,10 @@ def test_it_is_a_factory_subcommand(capsys):
     (["--jobs", "-2"], "argument --jobs: must be a positive integer, got '-2'"),
     (["--json", "."], "argument --json: '.' is a folder; name the file to write"),
     (["--json", f"{__file__}/k.json"], f"lies under the file {__file__}"),
+    (["-D", "1BAD"], "argument -D: not NAME[=VALUE] with NAME a C identifier: '1BAD'"),
+    (["-D", "=1"], "argument -D: not NAME[=VALUE]"),
+    (["--family", "sm75", "sm75"], "argument --family: sm75 given twice"),
+    (["--sm", "90", "90"], "argument --sm: 90 given twice"),
 ])
 def test_bad_arguments_are_usage_errors_before_anything_compiles(monkeypatch, capsys, argv, expected):
     monkeypatch.setattr(ptxas, "report", lambda *a, **k: pytest.fail("compiled despite a bad argument"))
@@ -159,3 +163,12 @@ def test_progress_is_one_line_per_file_on_stderr(monkeypatch, tmp_path, capsys):
     assert ptxas.main(["--family", "sm90", "--sm", "90"]) == 0
     captured = capsys.readouterr()
     assert "[kernels ptxas]" in captured.err and "[kernels ptxas]" not in captured.out
+
+
+def test_a_second_family_or_sm_option_adds_to_the_first(monkeypatch):
+    # `--family sm90 --family sm90_fp8` compiled sm90_fp8 alone: the second replaced the first
+    seen = []
+    monkeypatch.setattr(ptxas, "report", lambda families, sms, *a, **k: seen.append(
+        (families, sms)) or ([], []))
+    assert ptxas.main(["--family", "sm90", "--family", "sm90_fp8", "--sm", "90", "--sm", "89"]) == 0
+    assert seen == [(["sm90", "sm90_fp8"], [90, 89])]
