@@ -417,12 +417,17 @@ def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
 
 def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, sm_scale,
             smooth_k, kwargs):
-    # SDPA's keywords that change the result are honoured or refused, never dropped with a warning.
-    options = split_kwargs("sageattn_varlen", kwargs, {"scale": None, "attn_mask": None, "dropout_p": 0.0})
+    # SDPA's keywords that change the result are honoured or refused, never dropped with a warning;
+    # so is the dense functions' return_lse, which would change what the call returns.
+    options = split_kwargs("sageattn_varlen", kwargs, {"scale": None, "attn_mask": None, "dropout_p": 0.0,
+                                                       "return_lse": False})
     if options["attn_mask"] is not None:
         raise ValueError("sageattn_varlen() takes no attn_mask: cu_seqlens_q/cu_seqlens_k keep the sequences "
                          "apart and is_causal=True masks within each; for another mask, call sageattn per "
                          "sequence with attn_mask=...")
+    if check_bool("return_lse", options["return_lse"]):
+        raise ValueError("sageattn_varlen() returns no LSE (return_lse=True): it returns the output alone, "
+                         "as upstream's does; for the LSE, call sageattn per sequence with return_lse=True")
     dropout_p = check_dropout(options["dropout_p"])
     problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     is_causal = check_bool("is_causal", is_causal)

@@ -345,6 +345,22 @@ def test_varlen_honours_dropout_and_refuses_a_mask(monkeypatch):
         sa.sageattn_varlen(q, k, v, cu_q, cu_k, 17, 17, attn_mask=torch.ones(31, 31, dtype=torch.bool))
 
 
+def test_varlen_refuses_return_lse(monkeypatch):
+    # return_lse=True was ignored with one UserWarning per process (later calls: silently): the
+    # call returned the output alone where the caller unpacks (out, lse)
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
+    q, k, v, cu_q, cu_k = packed((5, 9), (7, 3))
+    with pytest.raises(ValueError, match=r"sageattn_varlen\(\) returns no LSE \(return_lse=True\)"):
+        sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, return_lse=True)
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, return_lse="yes")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # return_lse=False is what the call does: no warning
+        assert torch.equal(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, return_lse=False),
+                           sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_fallback_is_sdpa_per_sequence(causal):
     lens_q, lens_k = (5, 0, 17, 9), (7, 3, 12, 0)
