@@ -481,6 +481,17 @@ def absent_cuda_device(text: str) -> str | None:
             f"{'' if count == 1 else 's'} (cuda:0{'' if count == 1 else f' to cuda:{count - 1}'})")
 
 
+class ListOption(argparse.Action):
+    """argparse action of a list option (nargs "+" or "*"): given twice, the second list adds
+    to the first (argparse's own store replaced it: `--seq-len 1024 --seq-len 4096` timed 4096
+    alone); the first use replaces the default."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = getattr(namespace, self.dest, None)
+        before = [] if given is None or given is self.default else list(given)
+        setattr(namespace, self.dest, [*before, *values])
+
+
 def given_options(parser: argparse.ArgumentParser, args, dests) -> list[str]:
     """The options among ``dests`` given a value other than their default, as typed (--rep-ms)."""
     return ["--" + d.replace("_", "-") for d in dests
@@ -499,24 +510,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", choices=("standard", "wide"), default="standard",
                    help="standard: the 20 cases of design.md; wide: seq 1024..32768 x d 64/128 "
                         "x causal, b*n=32768, 32 heads")
-    p.add_argument("--dtype", nargs="+", choices=sorted(DTYPES), default=["fp16", "bf16"],
+    p.add_argument("--dtype", nargs="+", action=ListOption, choices=sorted(DTYPES), default=["fp16", "bf16"],
                    help="the Q/K/V dtypes of the cases, --cases or the grid (default: fp16 bf16)")
     grid = p.add_argument_group("custom grid (any of these replaces --cases with their product)")
-    grid.add_argument("--batch", nargs="+", type=int, help="batch sizes (default 4)")
-    grid.add_argument("--heads", nargs="+", type=int, help="attention heads (default 32)")
-    grid.add_argument("--seq-len", nargs="+", type=int, help="query tokens per sequence (default 4096)")
-    grid.add_argument("--kv-len", nargs="+", type=int,
+    grid.add_argument("--batch", nargs="+", action=ListOption, type=int, help="batch sizes (default 4)")
+    grid.add_argument("--heads", nargs="+", action=ListOption, type=int, help="attention heads (default 32)")
+    grid.add_argument("--seq-len", nargs="+", action=ListOption, type=int, help="query tokens per sequence (default 4096)")
+    grid.add_argument("--kv-len", nargs="+", action=ListOption, type=int,
                       help="key/value tokens per sequence (default: as --seq-len); e.g. --seq-len "
                            "4096 --kv-len 77 for cross-attention, --seq-len 1 --kv-len 8192 for a "
                            "decoding step")
-    grid.add_argument("--head-dim", nargs="+", type=int, help="head dimensions (default 128)")
+    grid.add_argument("--head-dim", nargs="+", action=ListOption, type=int, help="head dimensions (default 128)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                    help="both: every case causal and not (default); yes: causal only; no: "
                         "non-causal only")
     p.add_argument("--backend", default=None, type=timed_name_arg,
                    help="force the headline sageattn figures to this backend (default: the "
                         "dispatcher's choice)")
-    p.add_argument("--also", nargs="*", default=None, metavar="BACKEND", type=timed_name_arg,
+    p.add_argument("--also", nargs="*", action=ListOption, default=None, metavar="BACKEND", type=timed_name_arg,
                    help="other backends to time, forced (default: every known backend except "
                         "sdpa; those that cannot run here are reported with the reason); "
                         f"BACKEND{MODE_SEPARATOR}ACCUM times that backend with pv_accum_dtype=ACCUM, "

@@ -11,7 +11,7 @@ import tempfile
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..benchmark import output_file_arg
+    from ..benchmark import ListOption, output_file_arg
     from .catalog import CHECKS
 
     ids = "\n".join(f"  {c.slug:<22} {c.name}" for c in CHECKS)
@@ -28,8 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the result document here")
     p.add_argument("--quick", action="store_true",
                    help="fewer boundary lengths and repeats, fp16-only shorter benchmark")
-    p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")
-    p.add_argument("--skip", nargs="+", metavar="ID", help="leave these checks out")
+    p.add_argument("--only", nargs="+", action=ListOption, metavar="ID",
+                   help="run only these checks")
+    p.add_argument("--skip", nargs="+", action=ListOption, metavar="ID",
+                   help="leave these checks out")
     p.add_argument("--no-performance", action="store_true", help="leave out the benchmark")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     return p

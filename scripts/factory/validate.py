@@ -129,8 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=_seconds, default=1800.0, metavar="SECONDS",
                    help="stop a suite run that takes longer than this (default: 1800)")
     p.add_argument("--no-performance", action="store_true", help="leave out the benchmark")
-    p.add_argument("--only", nargs="+", metavar="ID", help="run only these checks")
-    p.add_argument("--skip", nargs="+", metavar="ID", help="leave these checks out")
+    p.add_argument("--only", nargs="+", action="extend", metavar="ID",
+                   help="run only these checks")
+    p.add_argument("--skip", nargs="+", action="extend", metavar="ID",
+                   help="leave these checks out")
     return p
 
 

@@ -883,3 +883,29 @@ def test_benchmark_refuses_a_case_set_beside_a_custom_grid(monkeypatch, capsys):
     assert exc.value.code == 2
     assert "--cases wide would be ignored: the custom grid (--seq-len, --head-dim) replaces it" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("parser, argv, dest, expected", [
+    (cli.build_parser, ["--only", "fp16", "--only", "bf16"], "only", ["fp16", "bf16"]),
+    (cli.build_parser, ["--skip", "fp16", "--skip", "bf16"], "skip", ["fp16", "bf16"]),
+    (benchmark.build_parser, ["--seq-len", "1024", "--seq-len", "4096"], "seq_len", [1024, 4096]),
+    (benchmark.build_parser, ["--head-dim", "64", "--head-dim", "128"], "head_dim", [64, 128]),
+    (benchmark.build_parser, ["--dtype", "bf16"], "dtype", ["bf16"]),
+    (benchmark.build_parser, ["--dtype", "bf16", "--dtype", "fp16"], "dtype", ["bf16", "fp16"]),
+    (benchmark.build_parser, [], "dtype", ["fp16", "bf16"]),
+    (benchmark.build_parser, ["--also", "triton-fp16", "--also", "triton-fp8"], "also",
+     ["triton-fp16", "triton-fp8"]),
+])
+def test_a_list_option_given_twice_adds_to_itself(parser, argv, dest, expected):
+    # argparse's store replaced the first list: `--only fp16 --only bf16` ran bf16 alone and
+    # `--seq-len 1024 --seq-len 4096` timed 4096 alone, silently
+    assert getattr(parser().parse_args(argv), dest) == expected
+
+
+def test_factory_validate_passes_every_only_and_skip_to_the_suite():
+    from scripts.factory import validate
+
+    args = validate.build_parser().parse_args(["w.whl", "--only", "a", "--only", "b",
+                                               "--skip", "c", "--skip", "d"])
+    assert validate.suite_args(args, "s.json") == ["--json", "s.json", "--only", "a", "b",
+                                                   "--skip", "c", "d"]
