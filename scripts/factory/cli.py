@@ -33,6 +33,21 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def _sm_arg(text: str) -> str:
+    """argparse type of --sm: one SM such as 'sm75'. '+PTX' is a cell's choice in the matrix,
+    not a selection (it was dropped silently), and a malformed SM is a usage error (exit 2)."""
+    from .model import Target
+    try:
+        target = Target.parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an SM: {text!r}; write e.g. 'sm80'") from None
+    if target.ptx:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: --sm selects every cell of an SM; whether a cell embeds PTX is set in "
+            f"build_matrix.yaml (write 'sm{target.sm}')")
+    return f"sm{target.sm}"
+
+
 def _select_cells(args, matrix):
     if args.cell:
         try:
@@ -40,11 +55,7 @@ def _select_cells(args, matrix):
         except KeyError:
             raise PlanError(f"no cell {args.cell!r} in {matrix.source}; cells: "
                             + ", ".join(c.id for c in matrix.cells)) from None
-    from .model import Target
-    try:
-        sm = Target.parse(args.sm).sm
-    except ValueError as exc:
-        raise PlanError(str(exc)) from None
+    sm = int(args.sm[2:])  # _sm_arg wrote it as smXY
     cells = matrix.cells_for_sm(sm)
     if not cells:
         raise PlanError(f"no cell targets sm{sm} in {matrix.source}; SMs there: "
@@ -110,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
              (MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError))):
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=exit_codes(*errors))
         which = p.add_mutually_exclusive_group(required=True)
-        which.add_argument("--sm", action=_Once,
+        which.add_argument("--sm", action=_Once, type=_sm_arg,
                            help="every cell targeting this SM, e.g. sm75")
         which.add_argument("--cell", action=_Once,
                            help="one cell id, e.g. linux-cp311-torch2.14-cu130-sm80")

@@ -495,3 +495,20 @@ def test_factory_help_states_its_exit_codes(capsys, argv, codes):
     listed = re.search(r"exit codes: (.*)", text)
     assert listed, text
     assert [int(c) for c in re.findall(r"(?:^|; )(\d) ", listed.group(1))] == codes
+
+
+@pytest.mark.parametrize("sm, words", [
+    ("sm80+PTX", "'sm80+PTX': --sm selects every cell of an SM; whether a cell embeds PTX is set "
+                 "in build_matrix.yaml (write 'sm80')"),
+    ("sm_80", "not an SM: 'sm_80'; write e.g. 'sm80'"),
+    ("80", "not an SM: '80'"),
+])
+def test_plan_and_build_refuse_an_sm_they_cannot_select_by(capsys, sm, words):
+    # 'sm80+PTX' planned every sm80 cell, the +PTX dropped silently; a malformed SM was exit 3
+    from scripts.factory import cli
+
+    for command in ("plan", "build"):
+        with pytest.raises(SystemExit) as exc:
+            cli.main([command, "--sm", sm])
+        assert exc.value.code == 2
+        assert f"argument --sm: {words}" in capsys.readouterr().err
