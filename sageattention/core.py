@@ -441,7 +441,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     forced = dispatch.forced_backend()
     choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
                              allow_fallback=True, forced=forced)
-    if q.shape[0] == 0:
+    if q.numel() == 0:   # no queries, no heads or head dim 0: nothing to attend over
         record_backend(None)
         return _tied(torch.zeros_like(q), q, k, v)
     q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike

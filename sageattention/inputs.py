@@ -268,7 +268,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     hq, d, hkv = q.shape[1], q.shape[2], k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"head dims differ: q {d}, k/v {k.shape[2]}")
-    if hkv == 0 or hq % hkv:
+    if hkv == 0 and hq != 0 or hkv and hq % hkv:   # as check_qkv: no heads at all is empty
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
     q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)

@@ -311,6 +311,24 @@ def test_varlen_without_keys_or_queries_is_recorded_by_autograd(lens_q, lens_k):
         assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
 
 
+@pytest.mark.parametrize("hq, hkv, d", [(0, 0, 64), (0, 2, 64), (4, 2, 0)])
+def test_varlen_without_heads_or_head_dim_is_empty_as_dense(monkeypatch, hq, hkv, d):
+    # sageattn returns the empty result for these; varlen said "query heads (0) must be a multiple of
+    # key/value heads (0)" for the first, and handed the second to the Triton kernel (a launch grid
+    # of 0 heads) where the dispatcher picked it
+    import sageattention.triton as st
+    cu_q, cu_k = torch.tensor([0, 3, 10], dtype=torch.int32), torch.tensor([0, 5, 12], dtype=torch.int32)
+    q, k = torch.randn(10, hq, d, requires_grad=True), torch.randn(12, hkv, d, requires_grad=True)
+    dense = sa.sageattn(q[None].transpose(1, 2), k[None].transpose(1, 2), k[None].transpose(1, 2))
+    assert dense.shape == (1, hq, 10, d)
+    monkeypatch.setattr(dispatch, "choose", lambda *a, **kw: BackendChoice("triton-fp16", "test", False))
+    monkeypatch.setattr(st, "varlen_attention", lambda *a, **kw: pytest.fail("the kernel was reached"))
+    out = sa.sageattn_varlen(q, k, k, cu_q, cu_k, 7, 7)
+    assert out.shape == q.shape and not out.any() and sa.last_backend() is None
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+
+
 # --- varlen ---------------------------------------------------------------------------------
 
 def packed(lens_q, lens_k, hq=4, hkv=2, d=64):
