@@ -186,15 +186,21 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     return attn_mask
 
 
+def _tensor_number(name: str, value, accepted: str):
+    """value, or the value of a 0-d real tensor without grad, which torch's SDPA takes for its float
+    arguments (a model may keep its scale or dropout in a buffer)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() != 0 or value.requires_grad or value.dtype == torch.bool or value.dtype.is_complex:
+        grad = ", requiring grad" if value.requires_grad else ""
+        raise TypeError(f"{name} must be {accepted} or a 0-d real tensor without grad, got a tensor of "
+                        f"shape {tuple(value.shape)} ({value.dtype}{grad})")
+    return value.item()
+
+
 def check_scale(name: str, value) -> float | None:
-    """A scale argument as a finite float, or None. torch's SDPA also takes a 0-d real tensor
-    without grad (a model may keep its scale in a buffer): that gives its value."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 0 or value.requires_grad or value.dtype == torch.bool or value.dtype.is_complex:
-            grad = ", requiring grad" if value.requires_grad else ""
-            raise TypeError(f"{name} must be a real number, a 0-d real tensor without grad, or None; got a "
-                            f"tensor of shape {tuple(value.shape)} ({value.dtype}{grad})")
-        value = value.item()
+    """A scale argument (a real number or a 0-d tensor) as a finite float, or None."""
+    value = _tensor_number(name, value, "a real number, None")
     if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
     if value is None:
@@ -218,6 +224,7 @@ def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
 
 
 def check_dropout(dropout_p) -> float:
+    dropout_p = _tensor_number("dropout_p", dropout_p, "a float")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {_type_name(dropout_p)}")
     if not 0.0 <= dropout_p <= 1.0:

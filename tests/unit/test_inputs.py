@@ -102,9 +102,20 @@ def test_a_0d_tensor_scale_is_its_value():
     assert inputs.resolve_sm_scale(torch.tensor(0.5), 0.5, 64) == 0.5
 
 
+def test_a_0d_tensor_dropout_is_its_value():
+    # torch's SDPA takes a 0-d tensor as dropout_p too; it was "dropout_p must be a float"
+    assert inputs.check_dropout(torch.tensor(0.25)) == 0.25
+    assert inputs.check_dropout(torch.tensor(0)) == 0.0
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        inputs.check_dropout(torch.tensor(1.5))
+    with pytest.raises(TypeError, match="dropout_p must be a float or a 0-d real tensor without grad, got a "
+                                        r"tensor of shape \(2,\)"):
+        inputs.check_dropout(torch.zeros(2))
+
+
 @pytest.mark.parametrize("value,error,match", [
-    (torch.tensor([0.25]), TypeError, r"sm_scale must be a real number, a 0-d real tensor without grad, "
-                                      r"or None; got a tensor of shape \(1,\)"),
+    (torch.tensor([0.25]), TypeError, r"sm_scale must be a real number, None or a 0-d real tensor without "
+                                      r"grad, got a tensor of shape \(1,\)"),
     (torch.tensor(0.25, requires_grad=True), TypeError, "requiring grad"),
     (torch.tensor(True), TypeError, "torch.bool"),
     (torch.tensor(float("inf")), ValueError, "sm_scale must be finite, got inf"),

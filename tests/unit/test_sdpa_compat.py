@@ -128,6 +128,8 @@ def test_a_0d_tensor_scale_is_taken_as_torch_takes_it(shape):
     for scale in (torch.tensor(0.2), torch.tensor(0.2, dtype=torch.float64), torch.tensor(2)):
         assert torch.equal(sa.scaled_dot_product_attention(q, q, q, scale=scale),
                            TORCH_SDPA(q, q, q, scale=scale.item()))
+    # and a 0-d tensor dropout_p (torch takes it as well)
+    assert torch.equal(sa.scaled_dot_product_attention(q, q, q, dropout_p=torch.tensor(0.0)), TORCH_SDPA(q, q, q))
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 24, 64), (4, 24, 64)])
@@ -135,7 +137,7 @@ def test_a_0d_tensor_scale_is_taken_as_torch_takes_it(shape):
     (float("nan"), ValueError, "scale must be finite, got nan"),   # torch's path returned NaN
     (float("-inf"), ValueError, "scale must be finite, got -inf"),
     pytest.param(10 ** 400, ValueError, "scale must be finite", id="int-past-float"),   # torch's OverflowError
-    (torch.tensor([0.2]), TypeError, "scale must be a real number, a 0-d real tensor without grad"),
+    (torch.tensor([0.2]), TypeError, "scale must be a real number, None or a 0-d real tensor without grad"),
     (torch.tensor(0.2, requires_grad=True), TypeError, "requiring grad"),
 ])
 def test_bad_scales_are_refused_whichever_path_runs(shape, scale, error, match):
