@@ -46,6 +46,19 @@ def test_fullgraph_matches_eager(backend, layout):
     assert sa.last_backend() == "sdpa"
 
 
+@pytest.mark.parametrize("shape", [(1, 4, 40, 32), (4, 40, 32)])   # sageattn's path, torch's path
+def test_the_drop_in_traces_a_dynamic_scale_with_fullgraph(shape):
+    # with dynamic=True a float argument is symbolic; the scale's check (math.isfinite) was a graph
+    # break ("torch.* op returned non-Tensor") on the drop-in's torch path
+    def fn(q, k, v, scale):
+        return sa.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    q = torch.randn(*shape, generator=torch.Generator().manual_seed(2))
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="eager")
+    for scale in (0.5, 0.25, -0.125):
+        torch.testing.assert_close(compiled(q, q, q, scale), fn(q, q, q, scale))
+
+
 def test_fullgraph_with_a_mask_and_options():
     q, k, v = qkv()
     mask = torch.rand(1, 1, 40, 56, generator=torch.Generator().manual_seed(1)) > 0.3
