@@ -205,12 +205,14 @@ def check_scale(name: str, value) -> float | None:
         raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
     if value is None:
         return None
+    try:
+        number = float(value)
+    except OverflowError:   # an int (or Fraction) past float's range
+        raise ValueError(f"{name} must be finite, got a number too large for a float") from None
     # Comparisons, not math.isfinite: torch.compile traces them for a symbolic (dynamic) scale.
-    if value != value or abs(value) == math.inf:
+    if number != number or abs(number) == math.inf:
         raise ValueError(f"{name} must be finite, got {value}")
-    if abs(value) > sys.float_info.max:   # an int (or Fraction) past float's range
-        raise ValueError(f"{name} must be finite, got a number too large for a float")
-    return float(value)
+    return number
 
 
 def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
