@@ -59,18 +59,15 @@
 #ifndef SAGE_EXP2_F16X2
 #define SAGE_EXP2_F16X2 0
 #endif
-// 16-bit P.V with "fp32" accumulation: each row's sum of P comes from the tensor cores, as one
-// more n8 output tile whose V operand is all ones (a constant fragment, no shared memory), in
-// place of one FADD per score and the row sum's rescale (tuning knob, 0: off). The sum is then
-// of the P that multiplies V (fp16/bf16-rounded), summed in fp32 like O.
-#ifndef SAGE_ROWSUM_MMA
-#define SAGE_ROWSUM_MMA 0
-#endif
-// 16-bit P packed into its A-fragment words as soon as each pair is exponentiated (in place of
-// the P.V loop), so a block's P holds half the registers while the row maxima of the next rows
-// are computed (tuning knob, 0: off).
+// 16-bit P packed into its A-fragment words as soon as each pair is exponentiated, not in the P.V
+// loop: a block's P then holds half the registers (ptxas, sm_90: "fp16+fp32" spills 28/52 bytes
+// at d=128 instead of 392/336, "fp32" none instead of 44/80). -1: the measured rule, on for
+// "fp16+fp32" and for "fp32" at d=128; 0: off; 1: every 16-bit mode (tuning knob). H100,
+// 2026-12-06 (benchmarks/results/h100-2026-12-06-tune-c9366d3-native.log, variant pe; default
+// time / variant time): "fp16+fp32" 1.017-1.074x per case (1.048x geomean), "fp32" 1.015-1.065x
+// at d=128 but 0.979-1.055x at d=64, "fp16" 0.959x geomean (0.912 at d=128).
 #ifndef SAGE_PACK_P_EARLY
-#define SAGE_PACK_P_EARLY 0
+#define SAGE_PACK_P_EARLY -1
 #endif
 #if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
 #error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
@@ -235,10 +232,11 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kInnerF32 = ACC == PvAccum::kF32F32;
   constexpr bool kAllF16 = ACC == PvAccum::kF16;
   constexpr bool kExp2F16x2 = SAGE_EXP2_F16X2 && PV == PvKind::kFp16;  // P from exp2_f16x2
-  constexpr bool kRowSumMma = SAGE_ROWSUM_MMA && pv_is_16bit(PV) && ACC == PvAccum::kF32;
-  constexpr int kOT = kDT + (kRowSumMma ? 1 : 0);  // fp32 output tiles: O, then the row sums
+  constexpr bool kPackEarly =
+      pv_is_16bit(PV) && (SAGE_PACK_P_EARLY > 0 || (SAGE_PACK_P_EARLY < 0 && (ACC == PvAccum::kF16F32 ||
+                                                                            (ACC == PvAccum::kF32 && HEAD_DIM == 128))));
   // s[mt][j][2r] holds P's packed word of columns 2t, 2t+1 after the softmax
-  constexpr bool kPackedP = kExp2F16x2 || (SAGE_PACK_P_EARLY && pv_is_16bit(PV));
+  constexpr bool kPackedP = kExp2F16x2 || kPackEarly;
   static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
                 "bf16 P.V has fp32 accumulators only (the fp16-accumulating mma takes fp16 operands)");
 
@@ -360,13 +358,13 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
     #pragma unroll
     for (int r = 0; r < 2; ++r) { m_run[mt][r] = -INFINITY; l_run[mt][r] = 0.f; }
 
-  float o32[kAllF16 ? 1 : MT][kAllF16 ? 1 : kOT][4];
+  float o32[kAllF16 ? 1 : MT][kAllF16 ? 1 : kDT][4];
   uint32_t o16[kAllF16 ? MT : 1][kAllF16 ? kDT : 1][2];
   if constexpr (!kAllF16) {
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       #pragma unroll
-      for (int j = 0; j < kOT; ++j)
+      for (int j = 0; j < kDT; ++j)
         #pragma unroll
         for (int e = 0; e < 4; ++e) o32[mt][j][e] = 0.f;
   } else {
@@ -544,7 +542,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
                                   fmaf(s[mt][j][2 * r + 1], dqs[mt][j / 8], neg_c[j / 8]));
             s[mt][j][2 * r] = __uint_as_float(words[j]);
           }
-          if constexpr (!kRowSumMma) rowsum = sum_f16x2<kNT>(words);
+          rowsum = sum_f16x2<kNT>(words);
         } else if constexpr (kPackedP) {
           #pragma unroll
           for (int j = 0; j < kNT; ++j) {
@@ -552,7 +550,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             #pragma unroll
             for (int e = 0; e < 2; ++e) {
               pv[e] = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
-              if constexpr (!kRowSumMma) rowsum += pv[e];
+              rowsum += pv[e];
             }
             s[mt][j][2 * r] = __uint_as_float(pack_p16<PV>(pv[0], pv[1]));
           }
@@ -563,15 +561,15 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             for (int e = 0; e < 2; ++e) {
               const float pv = softmax_exp2<SAGE_EXP2_FMA>(fmaf(s[mt][j][2 * r + e], dqs[mt][j / 8], neg_c[j / 8]), j);
               s[mt][j][2 * r + e] = pv;
-              if constexpr (!kRowSumMma) rowsum += pv;
+              rowsum += pv;
             }
         }
-        if constexpr (!kRowSumMma) l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
+        l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
         // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
         if (SAGE_SKIP_RESCALE && __all_sync(0xffffffffu, alpha == 1.f)) continue;
         if constexpr (!kAllF16) {
           #pragma unroll
-          for (int j = 0; j < kOT; ++j) {
+          for (int j = 0; j < kDT; ++j) {
             o32[mt][j][2 * r] *= alpha;
             o32[mt][j][2 * r + 1] *= alpha;
           }
@@ -631,14 +629,6 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
               mma_m16n8k16_f16_f32(o32[mt][2 * dp], pa[mt], bv[0], bv[1]);
               mma_m16n8k16_f16_f32(o32[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
             }
-          }
-        }
-        if constexpr (kRowSumMma) {  // P times a block of ones: every column holds the row sums
-          constexpr uint32_t kOnes = PV == PvKind::kBf16 ? 0x3F803F80u : 0x3C003C00u;
-          #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if constexpr (PV == PvKind::kBf16) mma_m16n8k16_bf16_f32(o32[mt][kDT], pa[mt], kOnes, kOnes);
-            else mma_m16n8k16_f16_f32(o32[mt][kDT], pa[mt], kOnes, kOnes);
           }
         }
       }
@@ -743,10 +733,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   for (int mt = 0; mt < MT; ++mt)
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // the ones tile's accumulator holds the whole row's sum in every column (the mma summed the quad)
-      float l;
-      if constexpr (kRowSumMma) l = o32[mt][kDT][2 * r];
-      else l = quad_sum(l_run[mt][r]);
+      const float l = quad_sum(l_run[mt][r]);
       const int row = q0 + warp_row0 + mt * 16 + g + 8 * r;
       if (row >= p.q_len) continue;
       float inv = 1.f / l;
