@@ -109,6 +109,7 @@ def test_zero_and_negative_scales_give_attention_where_torch_gave_nan(scale):
     assert torch.allclose(out, s.softmax(-1) @ k3)
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")   # numpy's overflow warning from the scale check
 def test_numpy_scales_of_zero_or_below_give_attention_where_torch_gave_nan():
     # torch takes numpy scalars as the scale; a numpy float32 or integer one skipped the check
     # above (Python int/float only), so such a call still returned torch's NaN
