@@ -35,11 +35,42 @@ def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=
                                                    bool(is_key), float(scale_mult))
 
 
+def _attention_op(*args):
+    return torch.ops.sageattention_sm80.qk_int8_pv_fp16(*args)
+
+
 def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran,
                     pv_accum_dtype, smooth_k, smooth_v, return_lse):
-    """INT8 QK^T, FP16 PV attention. ``smooth_v`` has no effect on the FP16 PV path."""
+    """INT8 QK^T, FP16 PV attention.
+
+    ``smooth_v`` applies to ``pv_accum_dtype="fp16"``, as upstream's: V's mean over its tokens is
+    subtracted before the kernel and added to the output after (each row of softmax(QK^T) sums to
+    1), so the fp16 accumulator sums V's deviations from the mean, not V: a V far from zero no
+    longer overflows it. With fp32 accumulation ("fp32", "fp16+fp32") it would be an identity and
+    is skipped, as upstream skips it.
+    """
     load()
-    out, lse = torch.ops.sageattention_sm80.qk_int8_pv_fp16(
+    v_mean = None
+    if smooth_v and pv_accum_dtype == "fp16" and v.numel():  # no keys: no mean to take
+        v, v_mean = subtract_token_mean(v, tensor_layout)
+    out, lse = _attention_op(
         q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,
         bool(smooth_k), bool(return_lse))
+    if v_mean is not None:
+        out = add_token_mean(out, v_mean, tensor_layout)
     return out, (lse if return_lse else None)
+
+
+def subtract_token_mean(v, tensor_layout):
+    """(V minus its mean over tokens, in V's dtype; the fp32 mean, keepdim) for ``smooth_v``."""
+    tokens = 2 if tensor_layout == "HND" else 1
+    mean = v.float().mean(dim=tokens, keepdim=True)
+    return (v.float() - mean).to(v.dtype), mean
+
+
+def add_token_mean(out, mean, tensor_layout):
+    """The attention output of V minus ``mean`` plus ``mean``, repeated over each key/value head's
+    query heads (GQA), in the output's dtype."""
+    heads = 1 if tensor_layout == "HND" else 2
+    group = out.shape[heads] // mean.shape[heads]
+    return (out.float() + mean.repeat_interleave(group, dim=heads)).to(out.dtype)

@@ -196,6 +196,29 @@ def test_rising_row_maxima_match_reference(fam, d, causal, dtype):
     assert torch.allclose(lse, r_lse, atol=LSE_ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("layout", ("HND", "NHD"))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_smooth_v_keeps_fp16_accumulation_finite_for_a_v_far_from_zero(layout, dtype):
+    # A nearly flat softmax over 4096 keys of a V near 100 sums to ~4e5 in the "fp16" mode's fp16
+    # accumulator: inf. smooth_v (as upstream's) takes V's token mean out first and adds it after.
+    family("sm80")
+    n, offset = 4096, 100.0
+    q, k, v = make_qkv(1, 4, 2, n, n, 64, dtype, layout=layout, seed=11)
+    q = (q.float() * 0.01).to(dtype)
+    v = (v.float() + offset).to(dtype)
+    plain, _ = run("sm80", q, k, v, layout=layout, accum="fp16")
+    assert not torch.isfinite(plain).all()  # else this input tests nothing
+    out, _ = run("sm80", q, k, v, layout=layout, accum="fp16", smooth_v=True)
+    assert torch.isfinite(out).all()
+    r_out, _ = ref("sm80", q, k, v, layout=layout, accum="fp16", smooth_v=True)
+    # both round one sum near 100 to the output dtype: within one of its steps there
+    ulp = 2.0 ** (6 - (10 if dtype == torch.float16 else 7))
+    _, rel, mx = metrics(out, r_out)
+    assert mx <= ulp and rel <= 1e-3, (mx, rel)
+    _, rel, _ = metrics(out, sdpa_fp32(q, k, v, layout=layout))
+    assert rel <= BARS["sm80"][1], rel
+
+
 # V views a caller may pass: the kernels read V through its strides (the sm90 family by tensor map,
 # whose strides must be at least 16 bytes: a broadcast is copied first). Each must give exactly the
 # output of the same values made contiguous.
