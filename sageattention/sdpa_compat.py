@@ -12,27 +12,39 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from . import core
+from . import core, dispatch
+from .backends import SDPA
 from .dispatch import record_backend
 from .inputs import check_scale
 
 __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 
 
-def _torch_handles_it(query, key, value, enable_gqa) -> bool:
-    """Calls outside sageattn's model go to torch unchanged, so they behave (and fail) exactly as SDPA:
+def _torch_handles_it(query, key, value, enable_gqa) -> str | None:
+    """Why the call goes to torch unchanged (so it behaves, and fails, exactly as SDPA), or None:
     batch shapes other than 4-D, nested (torch's SDPA takes jagged ones) or sparse tensors, a value
     head dim unlike the query's, batch sizes or K/V head counts that differ (SDPA broadcasts them),
     GQA without enable_gqa."""
     tensors = (query, key, value)
     if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.layout is torch.strided
                and t.dim() == 4 for t in tensors):
-        return True
+        return "inputs that are not 4-D strided tensors"
     if value.shape[-1] != query.shape[-1]:
-        return True
+        return "a value head dim unlike the query's"
     if not query.shape[0] == key.shape[0] == value.shape[0] or key.shape[1] != value.shape[1]:
-        return True
-    return not enable_gqa and query.shape[1] != key.shape[1]
+        return "batch sizes or key/value head counts that differ"
+    if not enable_gqa and query.shape[1] != key.shape[1]:
+        return "query and key/value head counts that differ without enable_gqa=True"
+    return None
+
+
+def _refuse_if_forced(why: str) -> None:
+    """A forced quantized backend never falls back silently, here neither (docs/api.md)."""
+    forced = dispatch.forced_backend_plain() if torch.compiler.is_compiling() else dispatch.forced_backend()
+    if forced is not None and forced != SDPA:
+        raise dispatch.BackendUnavailableError(
+            f"backend {forced!r} is forced but cannot run this call: scaled_dot_product_attention "
+            f"sends {why} to torch's SDPA unchanged; force 'sdpa' or run it unforced")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
@@ -42,7 +54,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Same signature and semantics as SDPA ([batch, heads, tokens, head_dim] inputs); calls that the
     quantized kernels cannot serve (masks without Triton, dropout, grad, fp32, CPU...) run torch's SDPA.
     """
-    if _torch_handles_it(query, key, value, enable_gqa):
+    why_torch = _torch_handles_it(query, key, value, enable_gqa)
+    if why_torch is not None:
+        _refuse_if_forced(why_torch)
         # checked as sageattn checks it (torch returned NaN for a NaN or infinite scale); torch
         # also returned NaN for zero or negative ones, so those get the same attention instead
         scale = check_scale("scale", scale)

@@ -174,3 +174,30 @@ def test_patched_fallback_does_not_recurse():
     with sa.patch_sdpa():
         out = F.scaled_dot_product_attention(q, k, v, None, 0.0, True)
     assert torch.equal(out, TORCH_SDPA(q, k, v, None, 0.0, True))
+
+
+@pytest.mark.parametrize("case,words", [
+    ("3-D", "inputs that are not 4-D strided tensors"),
+    ("value head dim", "a value head dim unlike the query's"),
+    ("gqa", "without enable_gqa=True"),
+])
+def test_a_forced_quantized_backend_is_not_bypassed_by_the_torch_path(case, words, monkeypatch):
+    # force_backend's promise holds for the drop-in too: it raises where the call would go to torch
+    q, k, v = qkv(hq=4, hkv=2 if case == "gqa" else 4)
+    if case == "3-D":
+        q, k, v = q[0], k[0], v[0]
+    if case == "value head dim":
+        v = torch.randn(2, 4, 40, 32, dtype=v.dtype)
+    with sa.force_backend("triton-fp16"):
+        with pytest.raises(sa.BackendUnavailableError, match="'triton-fp16' is forced") as err:
+            sa.scaled_dot_product_attention(q, k, v)
+    assert words in str(err.value) and "force 'sdpa'" in str(err.value)
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "cuda-sm80-fp16")
+    with pytest.raises(sa.BackendUnavailableError, match="'cuda-sm80-fp16' is forced"):
+        sa.scaled_dot_product_attention(q, k, v)
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "sdpa")  # forcing torch's SDPA: torch's answer
+    if case == "gqa":  # torch refuses GQA without enable_gqa, and so does the drop-in
+        with pytest.raises(RuntimeError, match="must match"):
+            sa.scaled_dot_product_attention(q, k, v)
+    else:
+        assert torch.equal(sa.scaled_dot_product_attention(q, k, v), TORCH_SDPA(q, k, v))
