@@ -619,8 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=report_mod.output_dir,
         default=Path("dist/release"),
-        help="release folder to write; replaced if it holds a previous release "
-        "(default: dist/release)",
+        help="release folder to write; replaced if it holds a previous release; must not be or "
+        "hold --wheels or --reports (default: dist/release)",
     )
     parser.add_argument(
         "--index-base-url",
@@ -652,6 +652,17 @@ def main(argv: list[str] | None = None) -> int:
         if not folder.is_dir():
             why = "is a file, not a folder" if folder.exists() else "does not exist"
             print(f"error: {what} folder {folder} {why}", file=sys.stderr)
+            return EXIT_USAGE
+    out = args.out.resolve()
+    for what, folder in (("wheel", args.wheels), ("report", args.reports)):
+        # Replacing --out removes everything in it: an input there would be deleted.
+        if folder.resolve() == out or out in folder.resolve().parents:
+            where = "is" if folder.resolve() == out else "holds"
+            print(
+                f"error: --out {args.out} {where} the {what} folder {folder}; replacing the "
+                "release would delete it: choose another --out",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     if args.out.exists() and any(args.out.iterdir()) and not (args.out / "manifest.json").is_file():
         print(

@@ -602,3 +602,26 @@ def test_a_wheel_whose_label_disagrees_with_its_contents_is_refused(tmp_path, la
     verdict = release.judge_wheel(wheel, tmp_path / "reports")
     assert isinstance(verdict, release.Refused)
     assert any(words in r for r in verdict.reasons), verdict.reasons
+
+
+@pytest.mark.parametrize("layout", ["inside", "equal"])
+def test_an_out_that_holds_or_is_an_input_folder_is_refused_before_any_work(tmp_path, capsys,
+                                                                            layout):
+    # --out held a previous release and the wheels/reports folders: replacing the release
+    # deleted the inputs (rmtree of --out after copying only the accepted wheels).
+    out = tmp_path / "release"
+    run_release(tmp_path, "--allow-partial")
+    if layout == "inside":
+        wheels, reports = out / "wheels", out / "release_notes"
+        shutil.copytree(FIXTURES / "wheels", wheels)
+        shutil.copytree(FIXTURES / "release_notes", reports)
+    else:  # a previous release folder used as the inputs of the next one
+        wheels = reports = out
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    rc = release.main(["--wheels", str(wheels), "--reports", str(reports), "--out", str(out)])
+    assert rc == release.EXIT_USAGE
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    err = capsys.readouterr().err
+    where = "holds" if layout == "inside" else "is"
+    assert f"--out {out} {where} the wheel folder {wheels}; replacing the release" in err, err
+    assert "choose another --out" in err and len(err.strip().splitlines()) == 1
