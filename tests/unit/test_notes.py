@@ -326,3 +326,28 @@ def test_help_states_the_exit_codes(module):
     res = subprocess.run([sys.executable, "-m", f"scripts.factory.{module}", "--help"],
                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert res.returncode == 0 and "exit codes: 0" in res.stdout
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "write"])
+@pytest.mark.parametrize("which", [".md", ".speedup.svg"])
+def test_a_folder_where_a_note_or_chart_goes_is_an_error_before_anything_is_written(
+        tmp_path, capsys, check, which):
+    # --check read the folder (IsADirectoryError traceback); writing failed after other files.
+    out = tmp_path / "out"
+    (out / f"{STEM90}{which}").mkdir(parents=True)
+    argv = [str(FIXTURES / f"{STEM75}.report.json"), str(FIXTURES / f"{STEM90}.report.json"),
+            "--out-dir", str(out)]
+    assert notes.main(argv + ["--check"] * check) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out / (STEM90 + which)} is a folder; " in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.iterdir()) == [STEM90 + which]
+
+
+def test_check_counts_a_note_that_is_not_utf8_as_out_of_date(tmp_path, capsys):
+    out = tmp_path / "out"
+    report = str(FIXTURES / f"{STEM90}.report.json")
+    assert notes.main([report, "--out-dir", str(out)]) == 0
+    (out / f"{STEM90}.md").write_bytes(b"\xff\xfe not utf-8\n")
+    assert notes.main([report, "--out-dir", str(out), "--check"]) == 1
+    assert f"out of date (run nox -s notes): {out / STEM90}.md" in capsys.readouterr().err
