@@ -156,6 +156,9 @@ def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
         raise ValueError(
             "manifest has no 'wheels' list; is it a sageattention release manifest.json?"
         )
+    if not wheels:
+        raise ValueError("manifest lists no wheels: nothing to index (a release manifest lists "
+                         "at least one; release.py writes none when no wheel is accepted)")
     entries = []
     for i, w in enumerate(wheels):
         try:

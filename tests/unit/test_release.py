@@ -625,3 +625,15 @@ def test_an_out_that_holds_or_is_an_input_folder_is_refused_before_any_work(tmp_
     where = "holds" if layout == "inside" else "is"
     assert f"--out {out} {where} the wheel folder {wheels}; replacing the release" in err, err
     assert "choose another --out" in err and len(err.strip().splitlines()) == 1
+
+
+def test_index_cli_refuses_a_manifest_that_lists_no_wheels(tmp_path, capsys):
+    # It wrote an index of no wheels and exited 0; a release manifest lists at least one wheel
+    # (release.py writes nothing when none is accepted).
+    (tmp_path / "empty.json").write_text('{"project": "sageattention", "wheels": []}')
+    site = tmp_path / "site"
+    assert index.main(["--manifest", str(tmp_path / "empty.json"), "--out", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert "error: manifest lists no wheels: nothing to index" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not site.exists()
