@@ -87,6 +87,12 @@ class Machine:
                 return f" ({name} {version[0]}.{version[1]})"
         return ""
 
+    def torch_build(self) -> str:
+        """'CUDA 13.0', 'ROCm build' or 'CPU-only build' (torch installed)."""
+        if self.torch_cuda:
+            return f"CUDA {self.torch_cuda}"
+        return "ROCm build" if _torch_label_cuda(self.torch or "") == "rocm" else "CPU-only build"
+
     def describe(self) -> str:
         parts = [f"{self.os.capitalize()} {self.arch}{self.libc()}"]
         parts.append(
@@ -96,10 +102,7 @@ class Machine:
         if self.torch is None:
             parts.append("torch not installed")
         else:
-            parts.append(
-                f"torch {self.torch} "
-                + (f"(CUDA {self.torch_cuda})" if self.torch_cuda else "(CPU-only build)")
-            )
+            parts.append(f"torch {self.torch} ({self.torch_build()})")
         if self.gpus:
             parts += [f"GPU {i}: {g.describe()}" for i, g in enumerate(self.gpus)]
         else:
@@ -155,11 +158,13 @@ def _env_version(data: dict, key: str) -> tuple[int, int]:
 
 
 def _torch_label_cuda(torch: str) -> str | None:
-    """What torch's local version label says of its CUDA: '13.0' (+cu130), 'cpu' (+cpu), or
-    None when the label says neither (no label, +rocm6.2, +git...)."""
+    """What torch's local version label says of its CUDA: '13.0' (+cu130), 'cpu' (+cpu), 'rocm'
+    (+rocm6.2: no CUDA either), or None when the label says none of these (no label, +git...)."""
     for part in torch.partition("+")[2].lower().split("."):
         if part == "cpu":
             return "cpu"
+        if part.startswith("rocm"):
+            return "rocm"
         match = re.fullmatch(r"cu(\d+)(\d)", part)
         if match:
             return f"{int(match.group(1))}.{match.group(2)}"
@@ -219,9 +224,9 @@ def machine_from_json(data: object) -> Machine:
                     "its CUDA; give torch.version.cuda, e.g. \"torch_cuda\": \"13.0\", or null "
                     "for a CPU build"
                 )
-            torch_cuda = None if said == "cpu" else said
-        elif said is not None and said != (
-            "cpu" if torch_cuda is None else "%d.%d" % _version_pair(torch_cuda, "torch_cuda")
+            torch_cuda = None if said in ("cpu", "rocm") else said
+        elif said is not None and (None if said in ("cpu", "rocm") else said) != (
+            None if torch_cuda is None else "%d.%d" % _version_pair(torch_cuda, "torch_cuda")
         ):
             raise BadInput(
                 f"--env-json: torch {data['torch']!r} and torch_cuda {torch_cuda!r} disagree; "
@@ -591,7 +596,9 @@ def choose(manifest: dict, m: Machine) -> Verdict:
             ),
             lambda ws: (
                 (
-                    f"your torch {m.torch} is a CPU-only build"
+                    f"your torch {m.torch} is a ROCm (AMD GPU) build, which no wheel serves"
+                    if m.torch_build() == "ROCm build"
+                    else f"your torch {m.torch} is a CPU-only build"
                     if m.torch_cuda is None
                     else f"your torch is built with CUDA {m.torch_cuda}"
                 )
@@ -721,7 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
             "os (linux|windows|macos), arch, python ('3.12'; '3.13t' free-threaded), optional "
             "implementation, free_threaded, glibc ('2.35') or musl ('1.2'), torch "
             "('2.12.0+cu130'), torch_cuda ('13.0' or null for a CPU build; taken from torch's "
-            "+cuXYZ / +cpu label when left out), gpus ([{name, compute_capability: '7.5'}])."
+            "+cuXYZ / +cpu / +rocmX.Y label when left out), gpus ([{name, compute_capability: "
+            "'7.5'}])."
         ),
     )
     parser.add_argument(

@@ -157,6 +157,13 @@ NONE_FITS = [
         "hopper_214_312",
     ),
     ("CPU-only torch", machine(torch="2.12.0+cpu", torch_cuda=None), "CPU-only build", "t4_linux"),
+    (  # it said "a CPU-only build"
+        "ROCm torch",
+        machine(torch="2.12.0+rocm6.2", torch_cuda=None),
+        "your torch 2.12.0+rocm6.2 is a ROCm (AMD GPU) build, which no wheel serves; the wheels "
+        "for it need a torch built with CUDA 13.0",
+        "t4_linux",
+    ),
     (
         "torch built with another CUDA",
         machine(torch="2.12.0+cu128", torch_cuda="12.8"),
@@ -448,6 +455,7 @@ def test_python_3_13t_is_the_free_threaded_build():
 
 @pytest.mark.parametrize("torch, expected", [
     ("2.12.0+cu130", "13.0"), ("2.11.0+cu128", "12.8"), ("2.12.0+cpu", None),
+    ("2.12.0+rocm6.2", None),
 ])
 def test_torch_cuda_left_out_is_read_from_torchs_label(torch, expected):
     env = machine(torch=torch)
@@ -464,6 +472,8 @@ def test_torch_cuda_left_out_is_read_from_torchs_label(torch, expected):
      "torch '2.12.0+cu130' and torch_cuda None disagree"),
     (machine(torch="2.12.0+cpu", torch_cuda="13.0"),
      "torch '2.12.0+cpu' and torch_cuda '13.0' disagree"),
+    (machine(torch="2.12.0+rocm6.2", torch_cuda="13.0"),
+     "torch '2.12.0+rocm6.2' and torch_cuda '13.0' disagree"),
     ({**machine(python="3.13t"), "free_threaded": False}, "is a free-threaded build, but"),
     (machine(os="windows", arch="amd64", glibc="2.35"), "glibc describes a Linux machine"),
     ({**machine(), "musl": "1.2"}, "glibc and musl both given"),
@@ -472,3 +482,9 @@ def test_torch_cuda_left_out_is_read_from_torchs_label(torch, expected):
 def test_env_json_that_contradicts_itself_is_refused(env, message):
     with pytest.raises(pick_wheel.BadInput, match=re.escape(message)):
         pick_wheel.machine_from_json(env)
+
+
+def test_a_rocm_torch_is_described_as_rocm_not_cpu_only():
+    m = pick_wheel.machine_from_json(machine(torch="2.12.0+rocm6.2", torch_cuda=None, gpus=[]))
+    assert "torch 2.12.0+rocm6.2 (ROCm build)" in m.describe()
+    assert "CPU-only" not in m.describe()
