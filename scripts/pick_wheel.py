@@ -452,8 +452,6 @@ def platform_fits(platform_tag: str, m: Machine) -> bool:
         return platform_tag == ("win32" if m.arch == "x86" else f"win_{_WINDOWS_ARCH_TAG[m.arch]}")
     if m.os != "linux":
         return False
-    if platform_tag == f"linux_{m.arch}":
-        return True
     match = re.fullmatch(r"musllinux_(\d+)_(\d+)_(\w+)", platform_tag)
     if match:
         return (
@@ -461,8 +459,10 @@ def platform_fits(platform_tag: str, m: Machine) -> bool:
             and match.group(3) == m.arch
             and m.musl >= (int(match.group(1)), int(match.group(2)))
         )
-    if m.musl is not None:  # manylinux wheels need glibc (PEP 600)
+    if m.musl is not None:  # manylinux wheels need glibc (PEP 600); our unrepaired linux_* too
         return False
+    if platform_tag == f"linux_{m.arch}":
+        return True
     for legacy, glibc in _LEGACY_MANYLINUX.items():
         if platform_tag == f"{legacy}_{m.arch}":
             return m.glibc is None or m.glibc >= glibc

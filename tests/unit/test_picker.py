@@ -426,6 +426,19 @@ def test_a_musl_linux_never_gets_a_manylinux_wheel():
     assert not pick_wheel.platform_fits("musllinux_1_2_x86_64", glibc)
 
 
+def test_a_musl_linux_never_gets_an_unrepaired_linux_wheel():
+    # linux_x86_64 (not repaired by auditwheel) fitted every Linux; ours are built against glibc.
+    unrepaired = _wheel("sm75.torch2.12cu130", "cp312", "linux_x86_64", ["sm75+PTX"], "2.12.0")
+    manifest = {**MANIFEST, "wheels": [unrepaired]}
+    alpine = pick_wheel.machine_from_json({**machine(glibc=None), "musl": "1.2"})
+    verdict = pick_wheel.choose(manifest, alpine)
+    assert verdict.wheel is None
+    assert "no wheel for linux x86_64 (musl 1.2); wheels exist for: linux_x86_64" in verdict.reason
+    for glibc in ("2.35", None):  # glibc, or a C library the picker could not tell
+        m = pick_wheel.machine_from_json(machine(glibc=glibc))
+        assert pick_wheel.choose(manifest, m).wheel is unrepaired
+
+
 def test_this_machine_on_musl_is_described_as_musl(monkeypatch):
     monkeypatch.setattr(pick_wheel.platform, "libc_ver", lambda: ("", ""))
     monkeypatch.setattr(pick_wheel, "_musl_version", lambda: (1, 2))
