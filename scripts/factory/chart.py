@@ -106,12 +106,15 @@ def main(argv: list[str] | None = None) -> int:
                         "report")
     args = p.parse_args(argv)
     docs = []
-    for path in args.reports:  # every report is read before the first chart is written
-        try:
+    try:
+        for path in args.reports:  # every report is read before the first chart is written
             docs.append((path, reports.load_report(path)))
-        except reports.ReportError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+        reports.refuse_folder_targets([(args.out_dir or path.parent)
+                                       / chart_filename(doc["wheel"]["filename"])
+                                       for path, doc in docs])
+    except reports.ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     for path, doc in docs:
         out_dir = args.out_dir or path.parent
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -438,10 +438,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: two reports would write {', '.join(map(str, sorted(twice)))}; name each "
               "wheel's report once (or write them to different --out-dir)", file=sys.stderr)
         return 2
-    folders = [t for g in generated for t in g[:2] if t.is_dir()]
-    if folders:
-        print(f"error: {', '.join(map(str, folders))} is a folder; a note or chart is written "
-              "there: move it away or write elsewhere with --out-dir", file=sys.stderr)
+    try:
+        reports.refuse_folder_targets([t for g in generated for t in g[:2]])
+    except reports.ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     for note_path, chart_path, note, svg in generated:
         for target, text in ((note_path, note), (chart_path, svg)):

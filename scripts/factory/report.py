@@ -314,5 +314,14 @@ def output_file(text: str) -> Path:
     return path
 
 
+def refuse_folder_targets(targets: list[Path]) -> None:
+    """Raise ReportError when a file a command would write is a folder: refused before any file is
+    written (os.replace onto a folder fails after the others)."""
+    folders = [t for t in targets if t.is_dir()]
+    if folders:
+        raise ReportError(f"{', '.join(map(str, folders))} is a folder where a file is written; "
+                          "move it away or write elsewhere with --out-dir")
+
+
 def _nearest_existing(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists()), None)

@@ -339,7 +339,7 @@ def test_a_folder_where_a_note_or_chart_goes_is_an_error_before_anything_is_writ
             "--out-dir", str(out)]
     assert notes.main(argv + ["--check"] * check) == 2
     err = capsys.readouterr().err
-    assert f"error: {out / (STEM90 + which)} is a folder; " in err, err
+    assert f"error: {out / (STEM90 + which)} is a folder where a file is written; " in err, err
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in out.iterdir()) == [STEM90 + which]
 
@@ -351,3 +351,14 @@ def test_check_counts_a_note_that_is_not_utf8_as_out_of_date(tmp_path, capsys):
     (out / f"{STEM90}.md").write_bytes(b"\xff\xfe not utf-8\n")
     assert notes.main([report, "--out-dir", str(out), "--check"]) == 1
     assert f"out of date (run nox -s notes): {out / STEM90}.md" in capsys.readouterr().err
+
+
+def test_chart_refuses_a_folder_where_a_chart_goes_before_writing_any(tmp_path, capsys):
+    # It wrote the first chart, then os.replace onto the folder raised IsADirectoryError.
+    out = tmp_path / "out"
+    (out / f"{STEM90}.speedup.svg").mkdir(parents=True)
+    assert chart.main([str(FIXTURES / f"{STEM75}.report.json"),
+                       str(FIXTURES / f"{STEM90}.report.json"), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {out / STEM90}.speedup.svg is a folder where a file is written; " in err, err
+    assert sorted(p.name for p in out.iterdir()) == [f"{STEM90}.speedup.svg"]
