@@ -71,7 +71,11 @@ LSE_SCORE_BUDGET = 1 << 28
 
 def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     """Natural-log LSE of the SDPA scores, HND inputs, in fp32, a block of query rows at a time.
-    GQA without copying K per query head: the query heads of one kv head share its K."""
+    GQA without copying K per query head: the query heads of one kv head share its K. Under
+    torch.autocast too: autocast ran its fp32 products in fp16/bf16 (a bfloat16 LSE on the CPU)."""
+    if torch.amp.is_autocast_available(q.device.type) and torch.is_autocast_enabled(q.device.type):
+        with torch.autocast(q.device.type, enabled=False):
+            return _sdpa_lse(q, k, mask, is_causal, sm_scale)
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     group = hq // hkv

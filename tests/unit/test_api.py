@@ -200,6 +200,22 @@ def test_fallback_lse_is_natural_log(causal, mask_shape, one_row_blocks, monkeyp
     assert (lse.double() - ref_lse).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True)])
+def test_fallback_lse_under_autocast_is_float32_arithmetic(causal, masked):
+    # A bf16 model under torch.autocast asking for the LSE: the LSE's own fp32 products were
+    # downcast by autocast (a bfloat16 LSE, off by ~1e-2, where it is float32 and exact)
+    q, k, v = qkv(nq=40, nk=24, dtype=torch.bfloat16)
+    mask = torch.randn(40, 24) if masked else None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True, attn_mask=mask)
+    assert lse.dtype == torch.float32
+    _, ref_lse = _attention64(q, k, v, causal, 64 ** -0.5, None)
+    if masked:
+        s = q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2) * 64 ** -0.5
+        ref_lse = (s + mask.double()).logsumexp(-1)
+    assert (lse.double() - ref_lse).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("scale", [0.0, -0.125, -2.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_zero_and_negative_scales_are_attention_with_that_scale(causal, scale):
