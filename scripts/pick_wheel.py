@@ -203,6 +203,9 @@ def machine_from_json(data: object) -> Machine:
     os_name = str(data["os"]).lower()
     if os_name not in ("linux", "windows", "macos"):
         raise BadInput(f"--env-json: os {data['os']!r}; expected linux, windows or macos")
+    if not isinstance(data.get("gpus") or [], list):
+        raise BadInput(f"--env-json: gpus must be a list like [{{\"name\": \"Tesla T4\", "
+                       f"\"compute_capability\": \"7.5\"}}], got {data['gpus']!r}")
     gpus = []
     for i, g in enumerate(data.get("gpus") or []):
         if not isinstance(g, dict) or "compute_capability" not in g:
@@ -760,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.env_json:
             try:
                 data = json.loads(args.env_json.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as exc:
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise BadInput(f"cannot read --env-json {args.env_json}: {exc}") from None
             machine = machine_from_json(data)
         else:

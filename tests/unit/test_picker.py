@@ -316,16 +316,30 @@ def test_cli_json_and_none_fits_exit_code(tmp_path):
         (MANIFEST, {**machine(), "free_threaded": "false"}, "free_threaded must be true or"),
         (MANIFEST, {**machine(), "python": 3.10}, "python must be a string such as '3.12'"),
         (MANIFEST, {**machine(), "torch": 2.12}, "torch must be a string such as"),
+        # a TypeError traceback, then a dict read as a list of its keys
+        (MANIFEST, {**machine(), "gpus": 5}, "--env-json: gpus must be a list like [{"),
+        (MANIFEST, {**machine(), "gpus": {"name": "T4", "compute_capability": "7.5"}},
+         "--env-json: gpus must be a list like [{"),
     ],
     ids=["not-json", "schema", "wheel-fields", "env-missing", "env-unknown", "env-os",
          "targets-not-list", "url-not-string", "index-not-object", "validation-not-object",
          "cc-not-numbers", "cc-float-list", "cc-no-dot", "free-threaded-string",
-         "python-number", "torch-number"],
+         "python-number", "torch-number", "gpus-number", "gpus-object"],
 )
 def test_cli_bad_input_exit_code(tmp_path, manifest, env, message):
     res = _run(tmp_path, manifest, env)
     assert res.returncode == pick_wheel.EXIT_BAD_INPUT
     assert message in res.stderr
+
+
+def test_an_env_json_that_is_not_utf8_is_bad_input(tmp_path, capsys):
+    # It was a UnicodeDecodeError traceback.
+    (tmp_path / "manifest.json").write_text(json.dumps(MANIFEST))
+    (tmp_path / "env.json").write_bytes(b"\xff\xfe{}")
+    rc = pick_wheel.main(["--manifest", str(tmp_path / "manifest.json"),
+                          "--env-json", str(tmp_path / "env.json")])
+    assert rc == pick_wheel.EXIT_BAD_INPUT
+    assert f"error: cannot read --env-json {tmp_path / 'env.json'}: " in capsys.readouterr().err
 
 
 def test_cli_missing_manifest_is_bad_input(tmp_path):
