@@ -250,6 +250,8 @@ def read_wheel_facts(path: Path) -> WheelFacts:
             metadata = HeaderParser().parsestr(zf.read(metadata_name).decode("utf-8"))
     except zipfile.BadZipFile as exc:
         raise ValueError(f"not a readable zip file: {exc}") from None
+    except OSError as exc:  # a folder named *.whl, no permission
+        raise ValueError(f"cannot read the wheel: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{BUILD_INFO_PATH} is not valid JSON: {exc}") from None
     if not isinstance(build_info, dict):

@@ -637,3 +637,14 @@ def test_index_cli_refuses_a_manifest_that_lists_no_wheels(tmp_path, capsys):
     assert "error: manifest lists no wheels: nothing to index" in err
     assert len(err.strip().splitlines()) == 1
     assert not site.exists()
+
+
+def test_a_folder_named_like_a_wheel_is_refused_with_its_reason(tmp_path, capsys):
+    # It was an IsADirectoryError traceback from zipfile.
+    wheels = tmp_path / "wheels"
+    (wheels / fx.PASSING).mkdir(parents=True)
+    rc, out = run_release(tmp_path, wheels=wheels)
+    assert rc == release.EXIT_NOTHING and not out.exists()
+    captured = capsys.readouterr()
+    assert f"REFUSED   {fx.PASSING}" in captured.out
+    assert "- cannot read the wheel: Is a directory" in captured.out
