@@ -12,6 +12,7 @@ import threading
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import dispatch
 from .backends import MAX_GRID_YZ, SDPA, backend
@@ -300,7 +301,7 @@ def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, retur
         call, request = _plain_call(signature, parse)
         return _attend(call, q, k, v, request=request)
 
-    if torch.compiler.is_compiling():  # one opaque custom op, so fullgraph=True traces it
+    if _tracing(q):  # one opaque custom op, so fullgraph=True traces it
         from . import traced
         return traced.sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, eager)
     return eager()
@@ -328,10 +329,18 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     return _traceable("sageattn_qk_int8_pv_fp16_triton", q, k, v, params, kwargs, eager, parse=parse)
 
 
+def _tracing(q) -> bool:
+    """Whether the call is traced rather than run: under torch.compile, or on fake tensors
+    (FakeTensorMode), which the custom ops' fake implementations give their shapes. The dispatcher
+    would ask the driver for the device (none on a machine without a GPU), varlen would read the
+    offsets' values and the kernels their data."""
+    return torch.compiler.is_compiling() or isinstance(q, FakeTensor)
+
+
 def _traceable(name, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(None, None), parse=None):
     """``eager()``, or while torch.compile traces, one opaque custom op that runs it, or for inputs
     that need grad, the SDPA path on the call ``parse()`` validates (traced.py)."""
-    if torch.compiler.is_compiling():
+    if _tracing(q):
         from . import traced
         return traced.call(name, q, k, v, params, kwargs, eager, cu_seqlens, parse)
     return eager()

@@ -237,3 +237,32 @@ def test_the_generic_op_passes_opcheck():
              None, None]
     torch.library.opcheck(traced.call_op, ("sageattn_qk_int8_pv_fp16_cuda", q, k, v, None, None, None,
                                            names, *slots))
+
+
+@pytest.mark.parametrize("name", ["sageattn", "drop-in", "sageattn_qk_int8_pv_fp16_triton",
+                                  "sageattn_qk_int8_pv_fp16_cuda", "sageattn_varlen"])
+def test_fake_cuda_tensors_get_their_shapes_without_a_gpu(name):
+    # FakeTensorMode (shape propagation, export tooling): torch's SDPA gives fake CUDA tensors
+    # their shapes on a machine without a GPU; sageattn asked the driver for the device's compute
+    # capability ("Found no NVIDIA driver"), and varlen read the fake offsets' values
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 40, 64, dtype=torch.float16, device="cuda")
+        k = v = torch.empty(2, 2, 56, 64, dtype=torch.float16, device="cuda")
+        if name == "sageattn":
+            out, lse = sa.sageattn(q, k, v, is_causal=True, return_lse=True)
+            assert lse.shape == (2, 4, 40) and lse.dtype == torch.float32
+        elif name == "drop-in":
+            out = sa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        elif name == "sageattn_varlen":
+            cu = torch.tensor([0, 40, 80], dtype=torch.int32, device="cuda")
+            packed = q.reshape(80, 4, 64)
+            out = sa.sageattn_varlen(packed, packed, packed, cu, cu, 40, 40)
+            assert out.shape == packed.shape
+            out = out.reshape(q.shape)
+        else:
+            out = getattr(sa, name)(q, k, v)
+        assert out.shape == q.shape and out.dtype == q.dtype and out.device.type == "cuda"
+        with pytest.raises(ValueError, match="head dims differ"):
+            sa.sageattn(q, k[..., :32], v)
