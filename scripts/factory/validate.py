@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Refuses without a GPU.",
         epilog=f"exit codes: {EXIT_OK} every check passed or was skipped; {EXIT_CHECK_FAILED} a "
                f"check failed (the report is still written); {EXIT_REFUSED} refused (bad "
-               f"arguments, no GPU, not a sageattention wheel; nothing installed); "
+               f"arguments, no GPU, not a sageattention wheel, a report it could not write; "
+               f"nothing installed); "
                f"{EXIT_CRASHED} the install or the suite crashed or ran past --timeout. With "
                "several wheels, the worst of them.")
     p.add_argument("wheels", nargs="*", type=Path, metavar="WHEEL",
@@ -301,14 +302,24 @@ def main(argv: list[str] | None = None, runner: Callable = subprocess.run) -> in
         parser.error("name at least one wheel (--wheel PATH or PATH)")
     # Every wheel is checked before the first one is installed: a typo in the last name must
     # not cost the others' runs first.
-    seen = set()
+    seen, writes = set(), {}
     for wheel in map(Path, wheels):
         problem = wheel_problem(wheel) or (f"{wheel} is named twice" if wheel.resolve() in seen
                                            else None)
+        target = None if problem else args.out_dir / reports.report_filename(wheel.name)
+        if target in writes:  # the second report would replace the first
+            problem = (f"{wheel} and {writes[target]} would both write {target}; validate them "
+                       "with different --out-dir")
+        elif target is not None:
+            try:
+                reports.refuse_folder_targets([target])
+            except reports.ReportError as exc:
+                problem = str(exc)
         if problem:
             print(f"refused: {problem}", file=sys.stderr)
             return EXIT_REFUSED
         seen.add(wheel.resolve())
+        writes[target] = wheel
     command = shlex.join(["python", "-m", "scripts.factory.validate",
                           *(sys.argv[1:] if argv is None else argv)])
     # The worst outcome wins: crashed > refused > a check failed > all passed.

@@ -405,3 +405,23 @@ def test_an_output_folder_that_is_a_file_is_refused_before_any_work(tmp_path, ca
     assert f"{str(out)!r} " in err and "name a folder (it is created if missing)" in err
     assert "Traceback" not in err
     assert reports.output_dir(str(tmp_path / "new" / "folder")) == tmp_path / "new" / "folder"
+
+
+def test_validate_refuses_before_any_work_where_the_report_cannot_be_written(tmp_path, wheel,
+                                                                              capsys):
+    # A folder at <out-dir>/<stem>.report.json: the suite ran, then os.replace raised
+    # IsADirectoryError. Two wheels of one name in two folders: the second report replaced the
+    # first's.
+    runner = lambda *a, **k: pytest.fail("ran something before refusing")  # noqa: E731
+    out = tmp_path / "out"
+    target = out / reports.report_filename(WHEEL)
+    target.mkdir(parents=True)
+    assert validate.main([str(wheel), "--out-dir", str(out)], runner=runner) == 2
+    assert f"refused: {target} is a folder where a file is written" in capsys.readouterr().err
+    target.rmdir()
+    twin = tmp_path / "repaired" / WHEEL
+    twin.parent.mkdir()
+    twin.write_bytes(b"PK other bytes")
+    assert validate.main([str(wheel), str(twin), "--out-dir", str(out)], runner=runner) == 2
+    assert (f"refused: {twin} and {wheel} would both write {target}"
+            in capsys.readouterr().err)
