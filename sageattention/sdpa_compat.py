@@ -38,6 +38,18 @@ def _torch_handles_it(query, key, value, enable_gqa) -> str | None:
     return None
 
 
+def _autocast(*tensors):
+    """The tensors as torch's autocast passes them to SDPA (on its lower-precision list): under an
+    enabled autocast of their device, floating-point ones but float64 in the autocast dtype, so the
+    output is in that dtype too. (sageattn itself keeps q's dtype.)"""
+    device_type = tensors[0].device.type
+    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in tensors)
+
+
 def _refuse_if_forced(why: str) -> None:
     """A forced quantized backend never falls back silently, here neither (docs/api.md)."""
     forced = dispatch.forced_backend_plain() if torch.compiler.is_compiling() else dispatch.forced_backend()
@@ -66,6 +78,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         record_backend("sdpa")
         return out
+    query, key, value, attn_mask = _autocast(query, key, value, attn_mask)
     return core.sageattn(query, key, value, tensor_layout="HND", is_causal=is_causal, attn_mask=attn_mask,
                          dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
 

@@ -201,3 +201,18 @@ def test_a_forced_quantized_backend_is_not_bypassed_by_the_torch_path(case, word
             sa.scaled_dot_product_attention(q, k, v)
     else:
         assert torch.equal(sa.scaled_dot_product_attention(q, k, v), TORCH_SDPA(q, k, v))
+
+
+@pytest.mark.parametrize("in_dtype,amp_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float16),
+                                                (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_under_autocast_the_drop_in_runs_and_returns_the_autocast_dtype_as_sdpa(in_dtype, amp_dtype, masked):
+    # torch's SDPA is on autocast's lower-precision list: its inputs are cast to the autocast dtype,
+    # and so is its output; the drop-in returned the input dtype (fp32 where torch gave bf16)
+    q, k, v = qkv(dtype=in_dtype)
+    mask = torch.randn(24, 40) if masked else None
+    with torch.autocast("cpu", dtype=amp_dtype):
+        want = TORCH_SDPA(q, k, v, attn_mask=mask)
+        got = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert want.dtype == amp_dtype and got.dtype == want.dtype
+    assert (got.float() - want.float()).abs().max() < 2e-2
