@@ -122,6 +122,13 @@ def _check_tensor(name: str, t) -> torch.Tensor:
     return t
 
 
+def check_head_groups(hq: int, hkv: int) -> None:
+    """GQA/MQA: the query heads come in groups of equal size, one per key/value head (no heads at
+    all is an empty call, not an error)."""
+    if hkv == 0 and hq != 0 or hkv and hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+
+
 def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) -> AttnProblem:
     """Validate 4-D q/k/v in `tensor_layout`; enable_gqa=False (SDPA's keyword) forbids Hq != Hkv."""
     if isinstance(tensor_layout, torch.Tensor):
@@ -149,8 +156,7 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
         raise ValueError(f"k and v token counts differ: k {nk}, v {vs[n_ax]}")
     if vs[h_ax] != hkv:
         raise ValueError(f"k and v head counts differ: k {hkv}, v {vs[h_ax]}")
-    if hkv == 0 and hq != 0 or hkv and hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    check_head_groups(hq, hkv)
     if enable_gqa is False and hq != hkv:
         raise ValueError(f"enable_gqa=False but query heads ({hq}) != key/value heads ({hkv}); "
                          "pass enable_gqa=True (or omit it) for GQA/MQA")
@@ -276,8 +282,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     hq, d, hkv = q.shape[1], q.shape[2], k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"head dims differ: q {d}, k/v {k.shape[2]}")
-    if hkv == 0 and hq != 0 or hkv and hq % hkv:   # as check_qkv: no heads at all is empty
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    check_head_groups(hq, hkv)
     q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
     if len(q_off) != len(k_off):
