@@ -227,6 +227,14 @@ def forced_backend_plain() -> str | None:
     return _forced_plain if _forced_plain is not None else _env_plain
 
 
+def refuse_quantized_forced(forced: str | None, why: str, remedy: str = "run it unforced") -> None:
+    """For a call that can only run torch's SDPA (`why` says what it is): BackendUnavailableError
+    when a quantized backend is forced, which never falls back silently; forcing SDPA runs it."""
+    if forced is not None and forced != SDPA:
+        raise BackendUnavailableError(f"backend {forced!r} is forced but cannot run this call: {why}; "
+                                      f"force 'sdpa' or {remedy}")
+
+
 # --- calibration on/off ----------------------------------------------------------------------
 
 _calibration_switch: contextvars.ContextVar[bool | None] = contextvars.ContextVar(

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from . import core, dispatch
-from .backends import SDPA
 from .dispatch import record_backend
 from .inputs import check_scale
 
@@ -50,15 +49,6 @@ def _autocast(*tensors):
                  else t for t in tensors)
 
 
-def _refuse_if_forced(why: str) -> None:
-    """A forced quantized backend never falls back silently, here neither (docs/api.md)."""
-    forced = dispatch.forced_backend_plain() if torch.compiler.is_compiling() else dispatch.forced_backend()
-    if forced is not None and forced != SDPA:
-        raise dispatch.BackendUnavailableError(
-            f"backend {forced!r} is forced but cannot run this call: scaled_dot_product_attention "
-            f"sends {why} to torch's SDPA unchanged; force 'sdpa' or run it unforced")
-
-
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
                                  scale=None, enable_gqa=False):
     """Drop-in for torch.nn.functional.scaled_dot_product_attention, run by sageattn.
@@ -68,7 +58,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     why_torch = _torch_handles_it(query, key, value, enable_gqa)
     if why_torch is not None:
-        _refuse_if_forced(why_torch)
+        # a forced quantized backend never falls back silently, here neither (docs/api.md)
+        forced = dispatch.forced_backend_plain() if torch.compiler.is_compiling() else dispatch.forced_backend()
+        dispatch.refuse_quantized_forced(
+            forced, f"scaled_dot_product_attention sends {why_torch} to torch's SDPA unchanged")
         # checked as sageattn checks it (torch returned NaN for a NaN or infinite scale); torch
         # also returned NaN for zero or negative ones, so those get the same attention instead
         scale = check_scale("scale", scale)

@@ -77,13 +77,9 @@ def grad_sdpa(call, q, k, v):
     """The dispatcher's choice for a call that needs grad, in a form dynamo traces: SDPA (output
     and backward from torch), or BackendUnavailableError where a quantized backend is forced."""
     from . import core, dispatch
-    from .backends import SDPA
 
-    forced = dispatch.forced_backend_plain()
-    if forced is not None and forced != SDPA:
-        raise dispatch.BackendUnavailableError(
-            f"backend {forced!r} is forced but cannot run this call: forward only (inputs require "
-            "grad); force 'sdpa' or run the call without grad")
+    dispatch.refuse_quantized_forced(dispatch.forced_backend_plain(), "forward only (inputs require grad)",
+                                     "run the call without grad")
     # core._empty_result's outputs without its last_backend bookkeeping (thread-local: not traced)
     out, lse = core._empty_outputs(call, q, k, v) if call.problem.empty else core._run_sdpa(call, q, k, v)
     return (out, lse) if call.return_lse else out
