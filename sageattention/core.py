@@ -70,11 +70,18 @@ def _to_hnd(t: torch.Tensor, layout: str) -> torch.Tensor:
 LSE_SCORE_BUDGET = 1 << 28
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype an enabled torch.autocast of this device type casts to, else None."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
 def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     """Natural-log LSE of the SDPA scores, HND inputs, in fp32, a block of query rows at a time.
     GQA without copying K per query head: the query heads of one kv head share its K. Under
     torch.autocast too: autocast ran its fp32 products in fp16/bf16 (a bfloat16 LSE on the CPU)."""
-    if torch.amp.is_autocast_available(q.device.type) and torch.is_autocast_enabled(q.device.type):
+    if autocast_dtype(q.device.type) is not None:
         with torch.autocast(q.device.type, enabled=False):
             return _sdpa_lse(q, k, mask, is_causal, sm_scale)
     b, hq, nq, d = q.shape

@@ -41,10 +41,9 @@ def _autocast(*tensors):
     """The tensors as torch's autocast passes them to SDPA (on its lower-precision list): under an
     enabled autocast of their device, floating-point ones but float64 in the autocast dtype, so the
     output is in that dtype too. (sageattn itself keeps q's dtype.)"""
-    device_type = tensors[0].device.type
-    if not (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)):
+    dtype = core.autocast_dtype(tensors[0].device.type)
+    if dtype is None:
         return tensors
-    dtype = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  else t for t in tensors)
 
