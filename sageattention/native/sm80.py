@@ -64,8 +64,9 @@ def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gra
 def subtract_token_mean(v, tensor_layout):
     """(V minus its mean over tokens, in V's dtype; the fp32 mean, keepdim) for ``smooth_v``."""
     tokens = 2 if tensor_layout == "HND" else 1
-    mean = v.float().mean(dim=tokens, keepdim=True)
-    return (v.float() - mean).to(v.dtype), mean
+    vf = v.float()
+    mean = vf.mean(dim=tokens, keepdim=True)
+    return (vf - mean).to(v.dtype), mean
 
 
 def add_token_mean(out, mean, tensor_layout):
