@@ -12,8 +12,9 @@
 # calibrate (python -m sageattention.calibrate), table (ship what calibrate measured: rebuild the
 # table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
-# installs it into a folder of its own, so the sm90 wheel stays the installed one).
-# Environment: OUT, STEPS, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
+# installs it into a folder of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
+# power and clock-event reasons per backend under load, benchmarks/gpu_dev_clocks.py CLOCKS_ARGS).
+# Environment: OUT, STEPS, CLOCKS_ARGS, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
@@ -85,6 +86,7 @@ for step in $STEPS; do
               t validate 400 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
                 --wheel "$WHEEL"
               cd /tmp ;;
+    clocks) t clocks 150 python3 "$REPO/benchmarks/gpu_dev_clocks.py" --json "$S/clocks.json" ${CLOCKS_ARGS:-} ;;
     sm75) # the Turing wheel, validated here through its compute_75 PTX (the Turing code path, not
           # Turing hardware)
           cd "$REPO"

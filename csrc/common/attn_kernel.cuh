@@ -69,6 +69,15 @@
 #ifndef SAGE_PACK_P_EARLY
 #define SAGE_PACK_P_EARLY -1
 #endif
+// "fp32" accumulation with 16-bit P: a row's exponent offset (its running maximum) moves only when
+// a block's maximum passes it by more than this many powers of two (0: whenever it passes it),
+// as the wgmma kernels' SAGE_WG_LAZY_RESCALE. P then reaches up to 2^N, which fp16/bf16 P and
+// the fp32 row sum and O hold, and O / l comes out the same; most blocks keep every row's
+// offset, so SAGE_SKIP_RESCALE skips their O rescale. Not for fp16 accumulators ("fp16",
+// "fp16+fp32": a block's P.V would grow 2^N times in fp16) nor FP8 P (scaled to 448).
+#ifndef SAGE_LAZY_RESCALE
+#define SAGE_LAZY_RESCALE 0
+#endif
 #if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
 #error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
 #endif
@@ -235,6 +244,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
   constexpr bool kPackEarly =
       pv_is_16bit(PV) && (SAGE_PACK_P_EARLY > 0 || (SAGE_PACK_P_EARLY < 0 && (ACC == PvAccum::kF16F32 ||
                                                                             (ACC == PvAccum::kF32 && HEAD_DIM == 128))));
+  constexpr bool kLazyRescale = SAGE_LAZY_RESCALE > 0 && pv_is_16bit(PV) && ACC == PvAccum::kF32;
   // s[mt][j][2r] holds P's packed word of columns 2t, 2t+1 after the softmax
   constexpr bool kPackedP = kExp2F16x2 || kPackEarly;
   static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
@@ -520,7 +530,10 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[mt][r], mx);
+        float m_new = fmaxf(m_run[mt][r], mx);
+        if constexpr (kLazyRescale) {  // the offset stays while P <= 2^SAGE_LAZY_RESCALE (-inf: moves)
+          if (mx <= m_run[mt][r] + static_cast<float>(SAGE_LAZY_RESCALE)) m_new = m_run[mt][r];
+        }
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row stays at 0
         const float alpha = fast_exp2(m_run[mt][r] - m_use);
         m_run[mt][r] = m_new;
