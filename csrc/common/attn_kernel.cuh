@@ -78,6 +78,13 @@
 #ifndef SAGE_LAZY_RESCALE
 #define SAGE_LAZY_RESCALE 0
 #endif
+// One vote per block on whether any row of the warp needs O rescaled, after every row's softmax,
+// instead of one vote and branch per row (4 at MT = 2): the rows' softmaxes become one straight
+// stretch the compiler may interleave (tuning knob, 0: off; meant with SAGE_LAZY_RESCALE, under
+// which a rescale is rare).
+#ifndef SAGE_RESCALE_ONE_VOTE
+#define SAGE_RESCALE_ONE_VOTE 0
+#endif
 #if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
 #error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
 #endif
@@ -502,6 +509,25 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
           s[mt][j][e] = v;
         }
     }
+    // O's rows of m tile mt, half r (row g + 8 r) times alpha.
+    auto rescale_o = [&](int mt, int r, float alpha) {
+      if constexpr (!kAllF16) {
+        #pragma unroll
+        for (int j = 0; j < kDT; ++j) {
+          o32[mt][j][2 * r] *= alpha;
+          o32[mt][j][2 * r + 1] *= alpha;
+        }
+      } else {
+        const __half2 a2 = __float2half2_rn(alpha);
+        #pragma unroll
+        for (int j = 0; j < kDT; ++j) {
+          __half2 v = *reinterpret_cast<__half2*>(&o16[mt][j][r]);
+          v = __hmul2(v, a2);
+          o16[mt][j][r] = *reinterpret_cast<uint32_t*>(&v);
+        }
+      }
+    };
+    [[maybe_unused]] float alphas[MT][2];
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       #pragma unroll
@@ -578,24 +604,25 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             }
         }
         l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
+        if constexpr (SAGE_RESCALE_ONE_VOTE != 0) {  // rescaled below, after every row
+          alphas[mt][r] = alpha;
+          continue;
+        }
         // Once the row maxima settle, alpha is 1 for the whole warp: skip the O rescale.
         if (SAGE_SKIP_RESCALE && __all_sync(0xffffffffu, alpha == 1.f)) continue;
-        if constexpr (!kAllF16) {
-          #pragma unroll
-          for (int j = 0; j < kDT; ++j) {
-            o32[mt][j][2 * r] *= alpha;
-            o32[mt][j][2 * r + 1] *= alpha;
-          }
-        } else {
-          const __half2 a2 = __float2half2_rn(alpha);
-          #pragma unroll
-          for (int j = 0; j < kDT; ++j) {
-            __half2 v = *reinterpret_cast<__half2*>(&o16[mt][j][r]);
-            v = __hmul2(v, a2);
-            o16[mt][j][r] = *reinterpret_cast<uint32_t*>(&v);
-          }
-        }
+        rescale_o(mt, r, alpha);
       }
+    if constexpr (SAGE_RESCALE_ONE_VOTE != 0) {
+      bool same = true;
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) same = same && alphas[mt][0] == 1.f && alphas[mt][1] == 1.f;
+      if (!__all_sync(0xffffffffu, same)) {
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          #pragma unroll
+          for (int r = 0; r < 2; ++r) rescale_o(mt, r, alphas[mt][r]);
+      }
+    }
 
     // ---- O += P V ----
     if constexpr (pv_is_16bit(PV)) {
