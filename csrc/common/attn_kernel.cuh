@@ -73,17 +73,20 @@
 // a block's maximum passes it by more than this many powers of two (0: whenever it passes it),
 // as the wgmma kernels' SAGE_WG_LAZY_RESCALE. P then reaches up to 2^N, which fp16/bf16 P and
 // the fp32 row sum and O hold, and O / l comes out the same; most blocks keep every row's
-// offset, so SAGE_SKIP_RESCALE skips their O rescale. Not for fp16 accumulators ("fp16",
+// offset, so the warp vote skips their O rescale. Not for fp16 accumulators ("fp16",
 // "fp16+fp32": a block's P.V would grow 2^N times in fp16) nor FP8 P (scaled to 448).
 #ifndef SAGE_LAZY_RESCALE
-#define SAGE_LAZY_RESCALE 0
+#define SAGE_LAZY_RESCALE 8
 #endif
 // One vote per block on whether any row of the warp needs O rescaled, after every row's softmax,
 // instead of one vote and branch per row (4 at MT = 2): the rows' softmaxes become one straight
-// stretch the compiler may interleave (tuning knob, 0: off; meant with SAGE_LAZY_RESCALE, under
-// which a rescale is rare).
+// stretch. -1: the measured rule, on where the lazy rescale is (a rescale is then rare); 0: off;
+// 1: every mode (tuning knob). H100, 2026-12-06 (docs/kernels.md, 19th session; default time /
+// variant time, "fp32", ten cases): the lazy rescale alone 0.995x
+// (benchmarks/results/h100-2026-12-06-tune-b25e8cf-native.log), with the one vote 1.017x
+// (1.002-1.020 at d=64; h100-2026-12-06-tune-38bba42-native.log).
 #ifndef SAGE_RESCALE_ONE_VOTE
-#define SAGE_RESCALE_ONE_VOTE 0
+#define SAGE_RESCALE_ONE_VOTE -1
 #endif
 #if SAGE_EXP2_F16X2 && SAGE_EXP2_FMA
 #error "SAGE_EXP2_F16X2 and SAGE_EXP2_FMA are two answers to one question: set one"
@@ -252,6 +255,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
       pv_is_16bit(PV) && (SAGE_PACK_P_EARLY > 0 || (SAGE_PACK_P_EARLY < 0 && (ACC == PvAccum::kF16F32 ||
                                                                             (ACC == PvAccum::kF32 && HEAD_DIM == 128))));
   constexpr bool kLazyRescale = SAGE_LAZY_RESCALE > 0 && pv_is_16bit(PV) && ACC == PvAccum::kF32;
+  constexpr bool kOneVote = SAGE_RESCALE_ONE_VOTE > 0 || (SAGE_RESCALE_ONE_VOTE < 0 && kLazyRescale);
   // s[mt][j][2r] holds P's packed word of columns 2t, 2t+1 after the softmax
   constexpr bool kPackedP = kExp2F16x2 || kPackEarly;
   static_assert(PV != PvKind::kBf16 || ACC == PvAccum::kF32,
@@ -604,7 +608,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
             }
         }
         l_run[mt][r] = l_run[mt][r] * alpha + rowsum;
-        if constexpr (SAGE_RESCALE_ONE_VOTE != 0) {  // rescaled below, after every row
+        if constexpr (kOneVote) {  // rescaled below, after every row
           alphas[mt][r] = alpha;
           continue;
         }
@@ -612,7 +616,7 @@ __global__ void __launch_bounds__(NWARPS * 32, HEAD_DIM == 64 ? SAGE_MIN_CTAS_HD
         if (SAGE_SKIP_RESCALE && __all_sync(0xffffffffu, alpha == 1.f)) continue;
         rescale_o(mt, r, alpha);
       }
-    if constexpr (SAGE_RESCALE_ONE_VOTE != 0) {
+    if constexpr (kOneVote) {
       bool same = true;
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) same = same && alphas[mt][0] == 1.f && alphas[mt][1] == 1.f;
