@@ -23,24 +23,18 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_dev_order import parse_case  # noqa: E402  (this folder's case syntax, one parser)
 
 REASONS = {  # NVML clocks-event reason bits (nvml.h, nvmlClocksEventReason*)
     0x1: "gpu_idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
     0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks",
 }
-
-
-def parse_case(text: str) -> tuple[int, int, int, int, bool]:
-    """'4x32x4096x64' or '4x32x4096x64c' (causal) -> (b, h, n, d, causal)."""
-    causal = text.endswith("c")
-    try:
-        b, h, n, d = (int(x) for x in text.rstrip("c").split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"case {text!r}: expected BxHxNxD, optionally ending in c") from None
-    return b, h, n, d, causal
 
 
 class Sampler(threading.Thread):

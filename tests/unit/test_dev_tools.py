@@ -392,3 +392,35 @@ def test_ncu_source_summary_cli_names_a_missing_file_and_bad_counts(tmp_path, ca
     assert exc.value.code == 2 and "--top and --bucket must be at least 1" in capsys.readouterr().err
     assert summary.main([str(path), "--top", "1"]) == 0
     assert "1 SASS lines, 5 warp-stall samples" in capsys.readouterr().out
+
+
+def test_clocks_diagnostic_summarises_nvml_samples(monkeypatch):
+    """benchmarks/gpu_dev_clocks.py without a GPU: a stand-in NVML whose clock alternates and whose
+    only clock-event reason is the power cap, and a stand-in for the timed stretch. The row gives
+    TOPS from the flops and time, the median clock and power, each reason's share of the samples,
+    and TOPS per GHz of the median clock."""
+    import time
+    import types
+
+    clocks = _load("gpu_dev_clocks")
+    readings = iter(range(10**6))
+    nvml = types.SimpleNamespace(
+        NVML_CLOCK_SM=0,
+        nvmlDeviceGetClockInfo=lambda handle, kind: 1500 if next(readings) % 2 else 1700,
+        nvmlDeviceGetPowerUsage=lambda handle: 690_000,  # milliwatts
+        nvmlDeviceGetCurrentClocksEventReasons=lambda handle: 0x4,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+
+    def run_for(fn, seconds):  # the sampler thread reads NVML meanwhile
+        time.sleep(0.05)
+        return 10, 2.0  # 10 calls, 2 ms each
+    monkeypatch.setattr(clocks, "run_for", run_for)
+    row = clocks.measure("x", None, 1e12, handle=None, seconds=1, interval_s=0.002)
+    assert row["samples"] >= 2
+    assert row["tops"] == pytest.approx(500.0)  # 1e12 flops in 2 ms
+    assert row["sm_mhz_min"] == 1500 and row["sm_mhz_max"] == 1700
+    assert 1500 <= row["sm_mhz_median"] <= 1700
+    assert row["power_w_median"] == pytest.approx(690.0)
+    assert row["reasons"] == {"sw_power_cap": 1.0}
+    assert row["tops_per_ghz"] == pytest.approx(500.0 / (row["sm_mhz_median"] / 1000.0))
