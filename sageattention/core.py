@@ -140,7 +140,7 @@ def _run_sdpa(call: AttnCall, q, k, v):
     qh, scale = _positive_scale(qh, call.sm_scale)
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
                       scale=scale, enable_gqa=gqa)
-    if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask
+    if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask, or torch.autocast's dtype
         out = out.to(p.dtype)
     if mask is not None:
         # A query whose every key is masked gets 0, as from the Triton kernels and torch's CPU SDPA;
@@ -426,7 +426,8 @@ def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     sm_scale=None, smooth_k=True, **kwargs):
     """Attention over packed sequences: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`, sequence i
     being rows `cu_seqlens[i]:cu_seqlens[i+1]`. Runs the Triton varlen kernel where it can, else
-    SDPA per sequence. Causal is top-left within each sequence (SDPA's is_causal)."""
+    SDPA per sequence. Causal is top-left within each sequence (SDPA's is_causal). Keywords: SDPA's
+    `scale`, `dropout_p` and `enable_gqa`; `attn_mask` and `return_lse=True` are refused."""
     params = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, is_causal=is_causal,
                   sm_scale=sm_scale, smooth_k=smooth_k)
     return _traceable("sageattn_varlen", q, k, v, params, kwargs,
@@ -440,7 +441,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     # SDPA's keywords that change the result are honoured or refused, never dropped with a warning;
     # so is the dense functions' return_lse, which would change what the call returns.
     options = split_kwargs("sageattn_varlen", kwargs, {"scale": None, "attn_mask": None, "dropout_p": 0.0,
-                                                       "return_lse": False})
+                                                       "enable_gqa": None, "return_lse": False})
     if options["attn_mask"] is not None:
         raise ValueError("sageattn_varlen() takes no attn_mask: cu_seqlens_q/cu_seqlens_k keep the sequences "
                          "apart and is_causal=True masks within each; for another mask, call sageattn per "
@@ -449,7 +450,9 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         raise ValueError("sageattn_varlen() returns no LSE (return_lse=True): it returns the output alone, "
                          "as upstream's does; for the LSE, call sageattn per sequence with return_lse=True")
     dropout_p = check_dropout(options["dropout_p"])
-    problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    enable_gqa = options["enable_gqa"]
+    problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           enable_gqa=None if enable_gqa is None else check_bool("enable_gqa", enable_gqa))
     is_causal = check_bool("is_causal", is_causal)
     smooth_k = check_bool("smooth_k", smooth_k)
     scale = resolve_sm_scale(sm_scale, options["scale"], problem.head_dim)
@@ -476,18 +479,18 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         record_backend(choice.name)
         return out
     log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
-    pieces = []
+    # Each sequence's output is written into q's dtype (a query with no keys keeps its zeros), as
+    # the kernel's and dense sageattn's are: under torch.autocast SDPA returns the autocast dtype,
+    # and a torch.cat of the pieces raised "Unexpected floating ScalarType" there (fp16 with bf16).
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)   # contiguous, as the kernel's
     for (q0, q1), (k0, k1) in zip(zip(problem.q_offsets, problem.q_offsets[1:]),
                                   zip(problem.k_offsets, problem.k_offsets[1:])):
-        if q1 == q0:
-            continue
-        if k1 == k0:  # queries with no keys attend to nothing
-            pieces.append(torch.zeros_like(q[q0:q1]))
+        if q1 == q0 or k1 == k0:
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
         o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=problem.q_heads != problem.kv_heads)
-        pieces.append(o[0].transpose(0, 1))
+        out[q0:q1] = o[0].transpose(0, 1)
     record_backend(SDPA)
-    return _tied(torch.cat(pieces, dim=0), q, k, v)   # every sequence without keys: still recorded
+    return _tied(out, q, k, v)   # every sequence without keys: still recorded
 

@@ -122,11 +122,14 @@ def _check_tensor(name: str, t) -> torch.Tensor:
     return t
 
 
-def check_head_groups(hq: int, hkv: int) -> None:
+def check_head_groups(hq: int, hkv: int, enable_gqa: bool | None = None) -> None:
     """GQA/MQA: the query heads come in groups of equal size, one per key/value head (no heads at
-    all is an empty call, not an error)."""
+    all is an empty call, not an error); enable_gqa=False (SDPA's keyword) forbids Hq != Hkv."""
     if hkv == 0 and hq != 0 or hkv and hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA")
+    if enable_gqa is False and hq != hkv:
+        raise ValueError(f"enable_gqa=False but query heads ({hq}) != key/value heads ({hkv}); "
+                         "pass enable_gqa=True (or omit it) for GQA/MQA")
 
 
 def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) -> AttnProblem:
@@ -156,10 +159,7 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
         raise ValueError(f"k and v token counts differ: k {nk}, v {vs[n_ax]}")
     if vs[h_ax] != hkv:
         raise ValueError(f"k and v head counts differ: k {hkv}, v {vs[h_ax]}")
-    check_head_groups(hq, hkv)
-    if enable_gqa is False and hq != hkv:
-        raise ValueError(f"enable_gqa=False but query heads ({hq}) != key/value heads ({hkv}); "
-                         "pass enable_gqa=True (or omit it) for GQA/MQA")
+    check_head_groups(hq, hkv, enable_gqa)
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     return AttnProblem(b, hq, hkv, nq, nk, d, tensor_layout, q.dtype, q.device, requires_grad)
 
@@ -269,8 +269,10 @@ class VarlenProblem:
     requires_grad: bool
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> VarlenProblem:
-    """Validate packed varlen inputs: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`."""
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                 enable_gqa: bool | None = None) -> VarlenProblem:
+    """Validate packed varlen inputs: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`; enable_gqa as
+    check_qkv's."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
         if t.dim() != 3:
@@ -282,7 +284,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     hq, d, hkv = q.shape[1], q.shape[2], k.shape[1]
     if k.shape[2] != d:
         raise ValueError(f"head dims differ: q {d}, k/v {k.shape[2]}")
-    check_head_groups(hq, hkv)
+    check_head_groups(hq, hkv, enable_gqa)
     q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
     if len(q_off) != len(k_off):

@@ -395,6 +395,44 @@ def test_varlen_refuses_return_lse(monkeypatch):
                            sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7))
 
 
+def test_varlen_takes_enable_gqa_as_the_dense_functions(monkeypatch):
+    # SDPA's enable_gqa was "ignored" with one UserWarning per process (later calls: silently):
+    # enable_gqa=False with fewer key/value heads than query heads ran GQA, where sageattn, its
+    # kernel functions and SDPA refuse it; enable_gqa=True warned that GQA was ignored while it ran
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
+    q, k, v, cu_q, cu_k = packed((5, 9), (7, 3), hq=4, hkv=2)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"enable_gqa=False but query heads \(4\) != key/value heads \(2\)"):
+            sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, enable_gqa=False)
+        with pytest.raises(TypeError, match="enable_gqa must be a bool"):
+            sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, enable_gqa="yes")
+        plain = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7)
+        assert torch.equal(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, enable_gqa=True), plain)
+        assert torch.equal(sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, enable_gqa=None), plain)
+        q1, k1, v1, cu_q1, cu_k1 = packed((5, 9), (7, 3), hq=2, hkv=2)
+        assert torch.equal(sa.sageattn_varlen(q1, k1, v1, cu_q1, cu_k1, 9, 7, enable_gqa=False),
+                           sa.sageattn_varlen(q1, k1, v1, cu_q1, cu_k1, 9, 7))
+
+
+@pytest.mark.parametrize("lens_q, lens_k", [((5, 0, 9), (7, 3, 0)), ((5, 9), (7, 3))])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_varlen_fallback_under_autocast_keeps_q_dtype_as_dense(dtype, lens_q, lens_k):
+    # Under torch.autocast the per-sequence SDPA returned the autocast dtype (bfloat16 for float16
+    # or float32 inputs), where dense sageattn and the Triton varlen kernel return q's dtype; with a
+    # sequence without keys (its zeros in q's dtype) float16 inputs raised from deep in torch.cat
+    # ("Unexpected floating ScalarType in at::autocast::prioritize").
+    q, k, v, cu_q, cu_k = (t.to(dtype) if t.is_floating_point() else t for t in packed(lens_q, lens_k))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7)
+        dense = sa.sageattn(q[:5].transpose(0, 1)[None], k[:7].transpose(0, 1)[None], v[:7].transpose(0, 1)[None])
+    assert dense.dtype == dtype and out.dtype == dtype and out.shape == q.shape and out.is_contiguous()
+    assert torch.equal(out[:5], dense[0].transpose(0, 1))
+    if len(lens_q) == 3:
+        assert not out[5:].any()   # the queries of sequence 3 have no keys
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_fallback_is_sdpa_per_sequence(causal):
     lens_q, lens_k = (5, 0, 17, 9), (7, 3, 12, 0)
