@@ -461,12 +461,12 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
                            head_dim=problem.head_dim, requires_grad=problem.requires_grad, dropout=dropout_p > 0,
                            batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads,
                            scale_magnitude=dispatch.scale_magnitude(scale))
+    if q.numel() == 0:   # no queries, no heads or head dim 0: nothing to attend over (as dense
+        record_backend(None)   # sageattn, before any backend is chosen: a forced one included)
+        return _tied(torch.zeros_like(q), q, k, v)
     forced = dispatch.forced_backend()
     choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
                              allow_fallback=True, forced=forced)
-    if q.numel() == 0:   # no queries, no heads or head dim 0: nothing to attend over
-        record_backend(None)
-        return _tied(torch.zeros_like(q), q, k, v)
     q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike
     if not choice.fallback:
         from sageattention import triton as triton_backend

@@ -345,6 +345,17 @@ def test_varlen_without_heads_or_head_dim_is_empty_as_dense(monkeypatch, hq, hkv
     assert q.grad is not None and q.grad.shape == q.shape
 
 
+
+def test_varlen_empty_call_with_a_forced_backend_is_empty_as_dense():
+    # An empty call runs no backend, so forcing one that cannot run here (the Triton kernel on the
+    # CPU) does not matter: dense sageattn returned the empty result, varlen raised
+    # BackendUnavailableError because it chose the backend first.
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    q = torch.randn(10, 0, 64)
+    with sa.force_backend("triton-fp16"):
+        dense = sa.sageattn(q[None].transpose(1, 2), q[None].transpose(1, 2), q[None].transpose(1, 2))
+        out = sa.sageattn_varlen(q, q, q, cu, cu, 7, 7)
+    assert dense.shape == (1, 0, 10, 64) and out.shape == q.shape and sa.last_backend() is None
 # --- varlen ---------------------------------------------------------------------------------
 
 def packed(lens_q, lens_k, hq=4, hkv=2, d=64):
