@@ -24,7 +24,7 @@ QUANTIZATION_BACKENDS = ("triton", "cuda")
 # float8 and other exotic floats pass dtype.is_floating_point but SDPA cannot take them.
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-_warned_kwargs: set[str] = set()
+_warned_kwargs: set[tuple[str, str]] = set()  # (function, keyword): each function says what it ignores
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,14 @@ def _caller_stacklevel() -> int:
 
 
 def split_kwargs(func_name: str, kwargs: dict, known: dict) -> dict:
-    """Return the known keywords (defaults filled in); warn once per unknown keyword name."""
+    """Return the known keywords (defaults filled in); warn once per function and unknown keyword
+    name (the functions accept different keywords: one's warning says nothing of another's)."""
     resolved = dict(known)
     for name, value in kwargs.items():
         if name in known:
             resolved[name] = value
-        elif name not in _warned_kwargs:
-            _warned_kwargs.add(name)
+        elif (func_name, name) not in _warned_kwargs:
+            _warned_kwargs.add((func_name, name))
             warnings.warn(f"{func_name}() ignores the unknown keyword argument {name!r}; accepted extra "
                           f"keywords are: {', '.join(sorted(known))}", UserWarning,
                           stacklevel=_caller_stacklevel())

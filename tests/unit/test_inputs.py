@@ -194,7 +194,7 @@ def test_bad_varlen_inputs(edit, error, match):
         sa.sageattn_varlen(*args)
 
 
-def test_unknown_keyword_warns_once_by_name(monkeypatch):
+def test_unknown_keyword_warns_once_per_function_and_name(monkeypatch):
     monkeypatch.setattr(inputs, "_warned_kwargs", set())
     with pytest.warns(UserWarning, match="'softcap'"):
         inputs.split_kwargs("sageattn", {"softcap": 1.0}, inputs.SAGEATTN_KEYWORDS)
@@ -204,3 +204,6 @@ def test_unknown_keyword_warns_once_by_name(monkeypatch):
         inputs.split_kwargs("sageattn", {"softcap": 2.0}, inputs.SAGEATTN_KEYWORDS)  # no second warning
     with pytest.warns(UserWarning, match="'window'"):
         inputs.split_kwargs("sageattn", {"window": 1}, inputs.SAGEATTN_KEYWORDS)
+    # another function warns for itself: its accepted keywords are another list
+    with pytest.warns(UserWarning, match=r"sageattn_varlen\(\) ignores .*'softcap'"):
+        inputs.split_kwargs("sageattn_varlen", {"softcap": 1.0}, {"scale": None})
