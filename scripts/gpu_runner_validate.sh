@@ -11,7 +11,7 @@
 # Reports land in $OUT as <wheel stem>.report.json; copy them to release_notes/ and run
 # `nox -s notes` (or `python -m scripts.factory.notes`) to regenerate the notes.
 set -uo pipefail
-[ $# -gt 0 ] || { sed -n '2,11p' "$0"; exit 2; }
+[ $# -gt 0 ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }   # the comment above
 OUT=${OUT:-$PWD/runner_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

@@ -48,6 +48,18 @@ def _sm_arg(text: str) -> str:
     return f"sm{target.sm}"
 
 
+def _wheel_file(text: str) -> Path:
+    """argparse type of check's WHEEL: an existing file. A path that is not there (a typo, or a
+    shell glob such as wheelhouse/*.whl that matched nothing) is a usage error (exit 2), not a
+    wheel whose name, metadata and build info disagree (exit 6)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(
+            f"no such wheel file: {text}" + (" (it is a folder)" if path.is_dir() else "")
+            + "; name built .whl files, e.g. wheelhouse/*.whl")
+    return path
+
+
 def _select_cells(args, matrix):
     if args.cell:
         try:
@@ -106,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scripts.factory",
         description="sageattention wheel factory, build half: validate the matrix, plan and "
-                    "build exact, repaired, self-describing wheels.",
+                    "build exact, repaired, self-describing wheels. The validation and release "
+                    "halves have their own commands: python -m scripts.factory.validate, "
+                    "python -m scripts.factory.notes, python -m scripts.factory.chart, "
+                    "python -m scripts.factory.release, python -m scripts.factory.index.",
         epilog=exit_codes(MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError)
         + " (matrix and ptxas: see their --help)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
              (MatrixError, PlanError, ToolchainError)),
             ("build", "build (and repair and check) wheels",
              (MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError))):
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=exit_codes(*errors))
+        epilog = exit_codes(*errors)
+        if name == "plan":  # PlanError's "nothing buildable" is build's: a plan is still printed
+            epilog = epilog.replace(", nothing buildable)", ")") + (
+                ". A plan that skips every cell is printed and exits 0 (build then exits 3)")
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog)
         which = p.add_mutually_exclusive_group(required=True)
         which.add_argument("--sm", action=_Once, type=_sm_arg,
                            help="every cell targeting this SM, e.g. sm75")
@@ -136,9 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
                            help="where final wheels go (default: wheelhouse/)")
     check = sub.add_parser("check", help="check built wheels: name, METADATA, build info, "
                                          "file set",
+                           description="Check built wheels: the file name, METADATA and build "
+                                       "info must agree and name a cell of the matrix, and the "
+                                       "files must be exactly those the source tree and the "
+                                       "build info predict. Stops at the first wheel that fails.",
                            epilog=exit_codes(MatrixError, WheelCheckError))
-    check.add_argument("wheels", nargs="+", type=Path)
-    check.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX)
+    check.add_argument("wheels", nargs="+", type=_wheel_file, metavar="WHEEL",
+                       help="built .whl files, e.g. wheelhouse/*.whl")
+    check.add_argument("--matrix", type=Path, default=matrix_module.DEFAULT_MATRIX,
+                       help="matrix file the wheels' cells come from (default: build_matrix.yaml)")
     check.add_argument("--no-file-set", action="store_true",
                        help="skip the exact file set comparison with the source tree")
     return parser

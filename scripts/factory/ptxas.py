@@ -162,7 +162,11 @@ def report(families: Iterable[str] | None = None, sms: Iterable[int] | None = No
                 build = FamilyBuild(fam, (sm,), ())
                 work += [(build, src) for src in kernel_sources(build)]
     if not work:
-        raise ToolchainError(f"none of {', '.join(names)} serves sm{', sm'.join(map(str, sorted(wanted or ())))}")
+        served = sorted({sm for name in names for sm in table[name].serves})
+        raise ToolchainError(f"none of {', '.join(names)} serves "
+                             f"sm{', sm'.join(map(str, sorted(wanted or ())))}; "
+                             f"{'it serves' if len(names) == 1 else 'they serve'} "
+                             f"{', '.join(f'sm{sm}' for sm in served)}")
     kernels: list[Kernel] = []
     loose: list[str] = []
     jobs = jobs or jobs_from_env()
@@ -207,6 +211,14 @@ def _regex(text: str) -> re.Pattern:
         raise argparse.ArgumentTypeError(f"not a regular expression ({exc}): {text!r}") from None
 
 
+def _sm_number(text: str) -> int:
+    """argparse type of --sm: an SM as 90 or, as plan and build spell it, sm90."""
+    match = re.fullmatch(r"(?:sm)?(\d{2,3})", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not an SM: {text!r}; write e.g. 90 or sm90")
+    return int(match.group(1))
+
+
 def _define(text: str) -> str:
     """argparse type of -D: NAME or NAME=VALUE, NAME a C identifier (nvcc refused it only after
     the compiles had started)."""
@@ -226,8 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                "stack frame or a performance note; 2 bad arguments or nvcc failed.")
     parser.add_argument("--family", nargs="+", action="extend", metavar="F",
                         help="families from sageattention/native/families.json (default: all)")
-    parser.add_argument("--sm", nargs="+", action="extend", type=int, metavar="XY",
-                        help="only these SM targets, e.g. 90 (default: every SM each family serves)")
+    parser.add_argument("--sm", nargs="+", action="extend", type=_sm_number, metavar="XY",
+                        help="only these SM targets, e.g. 90 or sm90 (default: every SM each "
+                             "family serves)")
     parser.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]",
                         type=_define,
                         help="a preprocessor define for every file, e.g. -D SAGE_WG_PERSISTENT=1")

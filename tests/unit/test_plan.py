@@ -402,8 +402,6 @@ def test_an_sm90_wheel_must_hold_the_sm80_sm89_sm90_and_sm90_fp8_families(tmp_pa
 @pytest.mark.parametrize("name, content, words", [
     ("notes.txt", b"x", "'notes.txt' is not a wheel file name"),
     ("sageattention-2.2.0-cp312-cp312-linux_x86_64.whl", b"x", "has no local label"),
-    ("sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl", None,
-     "no such wheel file"),
     ("sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl", b"not a zip",
      "not a wheel: File is not a zip file"),
 ])
@@ -418,6 +416,39 @@ def test_check_refuses_what_is_not_a_factory_wheel_without_a_traceback(tmp_path,
     assert cli.main(["check", str(path)]) == WheelCheckError.exit_code
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("given, words", [
+    ("sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl", "no such wheel file: "),
+    ("wheelhouse/*.whl", "no such wheel file: "),   # a shell glob that matched nothing
+    (".", "no such wheel file: . (it is a folder)"),
+])
+def test_check_calls_a_path_that_is_no_file_a_usage_error(tmp_path, monkeypatch, capsys, given,
+                                                         words):
+    # Exit 6 says a built wheel's name, metadata and build info disagree; a missing file is a bad
+    # argument (exit 2), as in scripts.factory.validate, and the message says what to name.
+    from scripts.factory import cli
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check", given])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument WHEEL: {words}" in err and "e.g. wheelhouse/*.whl" in err
+    assert "Traceback" not in err
+
+
+def test_check_help_describes_the_command_and_each_argument(capsys):
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the file name, METADATA and build info must agree" in text
+    assert "positional arguments: WHEEL built .whl files, e.g. wheelhouse/*.whl" in text
+    assert "--matrix MATRIX matrix file the wheels' cells come from (default: build_matrix.yaml)" \
+        in text
 
 
 @pytest.mark.parametrize("argv", [
@@ -512,3 +543,40 @@ def test_plan_and_build_refuse_an_sm_they_cannot_select_by(capsys, sm, words):
             cli.main([command, "--sm", sm])
         assert exc.value.code == 2
         assert f"argument --sm: {words}" in capsys.readouterr().err
+
+
+def test_plan_help_states_what_plan_and_build_do_when_every_cell_is_skipped(tmp_path, capsys):
+    # plan's --help listed "3 ... nothing buildable", but a plan that skips every cell exits 0;
+    # only build exits 3 for it.
+    from scripts.factory import cli
+
+    other_os = "linux" if sys.platform == "win32" else "windows"  # a cell this host skips
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f'version: 1\nrunners:\n  build: {{{other_os}: [elsewhere]}}\n'
+                      f'cells:\n  - name: w\n    os: {other_os}\n    python: "3.12"\n'
+                      '    torch: "2.12.0"\n    cuda: "13.0"\n    sm: [sm75]\n')
+    cell = f"{other_os}-cp312-torch2.12-cu130-sm75"
+    assert cli.main(["plan", "--cell", cell, "--matrix", str(matrix)]) == 0
+    assert f"SKIP  {cell}: cell is for {other_os}" in capsys.readouterr().out
+    assert cli.main(["build", "--cell", cell, "--matrix", str(matrix), "--out",
+                     str(tmp_path / "w")]) == 3
+    assert "nothing to build on this host" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "3 the request cannot be planned (unknown SM or cell);" in text
+    assert "A plan that skips every cell is printed and exits 0 (build then exits 3)" in text
+
+
+def test_factory_help_names_the_commands_of_the_other_halves(capsys):
+    # `python -m scripts.factory validate` is an invalid choice: the help says where it lives.
+    import importlib
+
+    from scripts.factory import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in ("validate", "notes", "chart", "release", "index"):
+        assert f"python -m scripts.factory.{name}" in text
+        assert callable(importlib.import_module(f"scripts.factory.{name}").main)

@@ -92,6 +92,33 @@ def test_an_sm_no_chosen_family_serves_is_a_clear_error(tmp_path):
         ptxas.report(["sm90_fp8"], [75], nvcc=tmp_path / "nvcc")
 
 
+def test_an_unserved_sm_error_says_which_sms_are_served(tmp_path):
+    with pytest.raises(ToolchainError, match="none of sm90_fp8 serves sm75; it serves sm90$"):
+        ptxas.report(["sm90_fp8"], [75], nvcc=tmp_path / "nvcc")
+    with pytest.raises(ToolchainError, match="serves sm99; they serve sm75, sm80, .*sm90$"):
+        ptxas.report(None, [99], nvcc=tmp_path / "nvcc")
+
+
+@pytest.mark.parametrize("given", ["90", "sm90"])
+def test_sm_takes_the_number_or_the_sm_spelling_of_plan_and_build(monkeypatch, given):
+    seen = {}
+
+    def fake_report(families, sms, defines, jobs, host=False):
+        seen["sms"] = sms
+        return [], []
+
+    monkeypatch.setattr(ptxas, "report", fake_report)
+    assert ptxas.main(["--sm", given]) == 0
+    assert seen["sms"] == [90]
+
+
+def test_a_malformed_sm_says_what_is_accepted(capsys):
+    with pytest.raises(SystemExit) as exc:
+        ptxas.main(["--sm", "hopper"])
+    assert exc.value.code == 2
+    assert "argument --sm: not an SM: 'hopper'; write e.g. 90 or sm90" in capsys.readouterr().err
+
+
 def test_it_is_a_factory_subcommand(capsys):
     from scripts.factory import cli
 

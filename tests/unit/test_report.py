@@ -425,3 +425,20 @@ def test_validate_refuses_before_any_work_where_the_report_cannot_be_written(tmp
     assert validate.main([str(wheel), str(twin), "--out-dir", str(out)], runner=runner) == 2
     assert (f"refused: {twin} and {wheel} would both write {target}"
             in capsys.readouterr().err)
+
+
+def test_gpu_runner_script_without_cells_prints_its_whole_usage(tmp_path):
+    # It printed a fixed line range of its header, which ended mid-sentence ("copy them to
+    # release_notes/ and run") once the header grew by a line.
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gpu_runner_validate.sh"
+    res = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2
+    header = []
+    for line in script.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    assert res.stdout.splitlines() == header
+    assert res.stdout.rstrip().endswith("to regenerate the notes.")
+    assert not list(tmp_path.iterdir())  # nothing built, no $OUT made

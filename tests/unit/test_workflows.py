@@ -185,6 +185,20 @@ def test_cibuildwheel_config_is_valid():
     assert "cuda-rhel8.repo" in " ".join(options["linux"]["before-all"])
 
 
+def test_windows_commands_have_no_unquoted_redirection():
+    """cibuildwheel runs the Windows commands through cmd.exe (shell=True), where an unquoted
+    `pip install setuptools>=70` installs any setuptools and writes pip's output to a file '=70'."""
+    options = tomllib.loads((ROOT / "cibuildwheel.toml").read_text(encoding="utf-8"))
+    windows = options["tool"]["cibuildwheel"]["windows"]
+    commands = [c for key in ("before-all", "before-build", "repair-wheel-command")
+                for c in ([windows[key]] if isinstance(windows.get(key), str)
+                          else windows.get(key, []))]
+    assert any(">=" in c for c in commands)  # the version pins this test is about are there
+    for command in commands:
+        unquoted = re.sub(r'"[^"]*"', "", command)
+        assert not re.search(r"[<>|]", unquoted), f"cmd.exe would redirect or pipe: {command}"
+
+
 def test_plan_step_splits_the_real_matrix(tmp_path):
     """Run the plan job's script with `nox` stubbed to print the real matrix JSON."""
     if not (shutil.which("jq") and shutil.which("bash")):
