@@ -30,14 +30,14 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | t
 declare -A pids started
 for cell in "$@"; do           # builds run side by side: each one is mostly single-threaded nvcc
   "$PY" -m scripts.factory build --cell "$cell" --no-repair --out "$WHEELS/$cell" \
-    >"$OUT/build-${cell##*-}.log" 2>&1 &
+    >"$OUT/build-${cell}.log" 2>&1 &
   pids[$cell]=$!; started[$cell]=$SECONDS
 done
 for cell in "$@"; do
   if wait "${pids[$cell]}"; then
     summary+=("$cell: built in $((SECONDS - started[$cell])) s")
   else
-    summary+=("$cell: BUILD FAILED (build-${cell##*-}.log)"); tail -25 "$OUT/build-${cell##*-}.log"
+    summary+=("$cell: BUILD FAILED (build-${cell}.log)"); tail -25 "$OUT/build-${cell}.log"
   fi
 done
 shopt -s nullglob
@@ -51,10 +51,10 @@ for cell in "$@"; do
     [ "$share" -gt 10 ] || { summary+=("$cell: no time left to validate"); continue; }
     # shellcheck disable=SC2086  # VALIDATE_ARGS is a list of flags
     timeout "$share" "$PY" -m scripts.factory.validate --system \
-      ${VALIDATE_ARGS---quick} --out-dir "$OUT" --wheel "$whl" >"$OUT/validate-${cell##*-}.log" 2>&1
+      ${VALIDATE_ARGS---quick} --out-dir "$OUT" --wheel "$whl" >"$OUT/validate-${cell}.log" 2>&1
     rc=$?
     summary+=("$cell: validate exit $rc in $((SECONDS - start)) s of $share s ($(basename "$whl"))")
-    tail -15 "$OUT/validate-${cell##*-}.log"
+    tail -15 "$OUT/validate-${cell}.log"
   done
 done
 ls -la "$OUT"
