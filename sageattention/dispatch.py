@@ -455,7 +455,10 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
     if forced is not None:
         return _forced_choice(forced, req, inv, candidates)
 
-    assessed = [(b, *_misfits(b, req, inv)) for b in rows]
+    # A function's own backends that this GPU's order leaves out (the FP8 ones on an A100, Triton
+    # on a T4) are assessed after it: none can run here, and a refusal then says why for each.
+    unlisted = tuple(backends.backend(n) for n in candidates or () if n != SDPA and n not in order)
+    assessed = [(b, *_misfits(b, req, inv)) for b in rows + unlisted]
     note = None
     if table is not None:
         choice, note = _calibrated_choice(req, order, assessed, table)

@@ -35,6 +35,11 @@ def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=
                                                    bool(is_key), float(scale_mult))
 
 
+# The accumulation modes whose P.V sums are fp16 (a whole row, or each 64-key block), so V's distance
+# from zero counts against fp16's range: smooth_v takes V's token mean out for them.
+FP16_ACCUMULATING = ("fp16+fp32", "fp16")
+
+
 def _attention_op(*args):
     return torch.ops.sageattention_sm80.qk_int8_pv_fp16(*args)
 
@@ -43,15 +48,16 @@ def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gra
                     pv_accum_dtype, smooth_k, smooth_v, return_lse):
     """INT8 QK^T, FP16 PV attention.
 
-    ``smooth_v`` applies to ``pv_accum_dtype="fp16"``, as upstream's: V's mean over its tokens is
-    subtracted before the kernel and added to the output after (each row of softmax(QK^T) sums to
-    1), so the fp16 accumulator sums V's deviations from the mean, not V: a V far from zero no
-    longer overflows it. With fp32 accumulation ("fp32", "fp16+fp32") it would be an identity and
-    is skipped, as upstream skips it.
+    ``smooth_v`` applies to the fp16-accumulating modes ("fp16", as upstream's, and "fp16+fp32"):
+    V's mean over its tokens is subtracted before the kernel and added to the output after (each
+    row of softmax(QK^T) sums to 1), so the fp16 accumulator sums V's deviations from the mean, not
+    V: a V far from zero no longer overflows it ("fp16+fp32" sums each 64-key block in fp16, which
+    overflows past |V| of about 1000; upstream skips smooth_v there). With "fp32" accumulation it
+    would be an identity and is skipped, as upstream skips it.
     """
     load()
     v_mean = None
-    if smooth_v and pv_accum_dtype == "fp16" and v.numel():  # no keys: no mean to take
+    if smooth_v and pv_accum_dtype in FP16_ACCUMULATING and v.numel():  # no keys: no mean to take
         v, v_mean = subtract_token_mean(v, tensor_layout)
     out, lse = _attention_op(
         q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,

@@ -42,8 +42,8 @@ def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=
 
 def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gran,
                     pv_accum_dtype, smooth_k, smooth_v, return_lse):
-    """INT8 QK^T, FP16 PV attention ("fp32" accumulation only). ``smooth_v`` has no effect on the
-    FP16 PV path."""
+    """INT8 QK^T, FP16 PV attention ("fp32" accumulation only). ``smooth_v`` has no effect: with
+    fp32 accumulation, taking V's mean out and adding it back is an identity."""
     load()
     out, lse = _ops().qk_int8_pv_fp16(
         q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,

@@ -597,6 +597,18 @@ def test_sm90_entry_point_runs_the_sm90_fp8_family_it_was_given(fake_kernels):
     assert sa.last_backend() == "cuda-sm90-fp8"
 
 
+def test_sm90_entry_point_takes_no_smooth_v_and_says_so(fake_kernels, monkeypatch):
+    # upstream's sm90 function has no smooth_v (docs/api.md): V is not smoothed, and the keyword is
+    # reported as ignored rather than dropped silently
+    calls, state = fake_kernels
+    monkeypatch.setattr(sa.inputs, "_warned_kwargs", set())
+    state["choice"] = BackendChoice("cuda-sm90-fp8", "test", False, "per_thread", "fp32+fp32")
+    q, k, v = qkv()
+    with pytest.warns(UserWarning, match="sageattn_qk_int8_pv_fp8_cuda_sm90.*'smooth_v'"):
+        sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, smooth_v=True)
+    assert calls[-1]["op"] == "fp8" and calls[-1]["smooth_v"] is False
+
+
 def test_triton_call_receives_the_mask(fake_kernels):
     calls, state = fake_kernels
     state["choice"] = BackendChoice("triton-fp16", "test", False, "per_block", "fp32")

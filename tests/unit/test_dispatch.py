@@ -308,6 +308,24 @@ def test_kernel_function_without_its_family_is_a_clear_error():
         choose(req((9, 0)), inv("sm75"), candidates=("cuda-sm89-fp8",), allow_fallback=False)
 
 
+@pytest.mark.parametrize("cap,candidates,why", [
+    ((8, 0), ("cuda-sm90-fp8", "cuda-sm89-fp8"),
+     ["cuda-sm90-fp8: compute capability 8.0 is not served (sm90)",
+      "cuda-sm89-fp8: compute capability 8.0 is not served (sm89, sm90)"]),
+    ((8, 6), ("cuda-sm89-fp8",), ["cuda-sm89-fp8: compute capability 8.6 is not served (sm89, sm90)"]),
+    ((7, 5), ("triton-fp16",), ["triton-fp16: compute capability 7.5 is not served (sm80+)"]),
+])
+def test_kernel_function_refused_by_the_gpu_says_why_for_each_of_its_backends(cap, candidates, why):
+    # Backends this GPU's preference order leaves out (FP8 on Ampere, Triton on Turing): every family
+    # is installed, so the GPU is the reason, and the refusal must say so, not "none is listed".
+    with pytest.raises(BackendUnavailableError) as raised:
+        choose(req(cap), inv(*ALL), candidates=candidates, allow_fallback=False)
+    message = str(raised.value)
+    assert "no quantized backend is listed" not in message
+    for text in why:
+        assert text in message
+
+
 def test_grid_limit_is_the_one_the_kernels_refuse_past():
     header = (REPO / "csrc" / "common" / "grid_limits.h").read_text()
     assert f"constexpr int64_t kMaxGridYZ = {backends.MAX_GRID_YZ};" in header

@@ -1,6 +1,7 @@
-"""No-GPU tests of the sm80 family's smooth_v (sageattention/native/sm80.py): with "fp16"
-accumulation V's token mean is taken out before the kernel and put back after, as upstream does;
-with fp32 accumulation V goes to the kernel as given. The kernel is replaced by exact attention."""
+"""No-GPU tests of the sm80 family's smooth_v (sageattention/native/sm80.py): with the
+fp16-accumulating modes ("fp16", as upstream does, and "fp16+fp32") V's token mean is taken out
+before the kernel and put back after; with "fp32" accumulation V goes to the kernel as given. The
+kernel is replaced by exact attention, or by the reference's emulation of its fp16 accumulation."""
 from __future__ import annotations
 
 import pytest
@@ -46,22 +47,47 @@ def _call(q, k, v, layout, accum, smooth_v):
                                 smooth_v=smooth_v, return_lse=False)[0]
 
 
+@pytest.mark.parametrize("accum", ["fp16", "fp16+fp32"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_fp16_accumulation_gets_v_without_its_token_mean_and_the_same_attention(calls, layout):
+def test_fp16_accumulation_gets_v_without_its_token_mean_and_the_same_attention(calls, layout, accum):
     q, k, v = _qkv(layout, offset=50.0)
-    out = _call(q, k, v, layout, "fp16", True)
+    out = _call(q, k, v, layout, accum, True)
     tokens = 2 if layout == "HND" else 1
     kernel_v = calls[0]["v"]
     assert kernel_v.mean(dim=tokens).abs().max() < 1e-4  # the offsets are gone
     assert torch.allclose(kernel_v, v - v.mean(dim=tokens, keepdim=True), atol=1e-5)
-    assert torch.allclose(out, _call(q, k, v, layout, "fp16", False), atol=1e-4)  # GQA: 2 q heads a kv head
+    assert torch.allclose(out, _call(q, k, v, layout, accum, False), atol=1e-4)  # GQA: 2 q heads a kv head
 
 
-@pytest.mark.parametrize("accum", ["fp32", "fp16+fp32"])
-def test_fp32_accumulation_takes_v_as_given(calls, accum):
+def test_fp32_accumulation_takes_v_as_given(calls):
     q, k, v = _qkv("HND", offset=50.0)
-    _call(q, k, v, "HND", accum, True)
+    _call(q, k, v, "HND", "fp32", True)
     assert torch.equal(calls[0]["v"], v)
+
+
+@pytest.mark.parametrize("accum", ["fp16", "fp16+fp32"])
+def test_smooth_v_keeps_an_fp16_accumulator_finite_for_a_v_far_from_zero(monkeypatch, accum):
+    # The kernel stand-in is the reference with the kernel's fp16 accumulation: "fp16+fp32" sums each
+    # 64-key block in fp16, so a V near 2000 under a flat softmax overflows a block (64 x 2000 > 65504)
+    # unless smooth_v takes V's mean out first, as it does for "fp16".
+    from sageattention.reference import FAMILY_BLOCK_SIZES, sageattn_reference
+
+    def kernel(q, k, v, layout, causal, scale, gran, accum, smooth_k, return_lse):
+        out = sageattn_reference(q, k, v, tensor_layout=layout, is_causal=causal, sm_scale=scale,
+                                 qk_quant_gran=gran, pv_accum_dtype=accum, smooth_k=smooth_k,
+                                 **FAMILY_BLOCK_SIZES["sm80"])
+        return out, torch.empty(0)
+
+    monkeypatch.setattr(sm80, "load", lambda: None)
+    monkeypatch.setattr(sm80, "_attention_op", kernel)
+    g = torch.Generator().manual_seed(1)
+    q = (0.1 * torch.randn(1, 2, 64, 64, generator=g)).half()
+    k = torch.randn(1, 2, 256, 64, generator=g).half()
+    v = (torch.randn(1, 2, 256, 64, generator=g) + 2000).half()
+    assert not torch.isfinite(_call(q, k, v, "HND", accum, False)).all()   # what smoothing prevents
+    out = _call(q, k, v, "HND", accum, True)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True, scale=0.3)
+    assert torch.isfinite(out).all() and (out.double() - exact).abs().max() < 2.0   # fp16 ulp at 2000: 1
 
 
 def test_smoothing_keeps_the_inputs_dtype_and_empty_keys_alone(calls):
