@@ -34,6 +34,7 @@ ARCH_NAMES = {75: "Turing", 80: "Ampere", 86: "Ampere", 87: "Ampere (Orin)",
               110: "Blackwell (Thor)", 120: "Blackwell", 121: "Blackwell"}
 OP_DESCRIPTIONS = {"qk_int8_pv_fp16": "INT8 QK, FP16 PV", "qk_int8_pv_fp8": "INT8 QK, FP8 PV"}
 _OS_NAMES = {"Linux": "Linux", "Windows": "Windows", "Darwin": "macOS"}
+NOTE_ENVIRONMENT = ("os", "python", "torch", "cuda_runtime", "driver")
 MICROBENCHMARK_CAVEAT = ("These are attention-kernel microbenchmarks and should NOT be interpreted "
                          "as equivalent end-to-end application speedups.")
 
@@ -91,6 +92,19 @@ def _wheel_facts(report: dict) -> dict:
             "os": reports.wheel_os(name) or "unknown OS"}
 
 
+def _failed_verdict(report: dict) -> str | None:
+    """The sentence a note of a report with failed checks states wherever it would otherwise
+    say "verified" (None when no check failed): such a wheel verified nothing as a whole, and
+    scripts.factory.release does not publish it."""
+    failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
+    if not failed:
+        return None
+    return (f"**Validation FAILED: {len(failed)} check(s) failed** ({'; '.join(failed)}). This "
+            "wheel is not verified for any configuration and is not published "
+            "(`scripts.factory.release` refuses a wheel with a failed check); the figures below "
+            "describe the failed run only.")
+
+
 def render(report: dict, source_name: str) -> str:
     """The Markdown note for one report (``source_name``: the report's file name)."""
     env = report["environment"]
@@ -122,6 +136,9 @@ def render(report: dict, source_name: str) -> str:
     add("Linux and Windows wheels are platform-specific. Install only the wheel that matches your "
         "operating system, Python version, PyTorch version, and CUDA stack.")
     add("")
+    if _failed_verdict(report):
+        add(_failed_verdict(report))
+        add("")
 
     add("## What this build is")
     add("")
@@ -208,16 +225,19 @@ def _validation_section(report, gpu, ptx, add) -> None:
         f"Error figures are against fp32 PyTorch SDPA on the same inputs (masked checks: with "
         f"the same mask).")
     add("")
+    elsewhere = _backends_not_on_targets(report)
     for c in checks:
         backend = f" ({c['backend']})" if c.get("backend") else ""
         reason = f": {c['reason']}" if c["status"] != "pass" and c.get("reason") else ""
+        foreign = [b for b in c.get("backends") or [] if b in elsewhere]
+        if foreign:
+            reason += "".join(f"; `{b}` does not run on {elsewhere[b]}: its part of this "
+                              f"result says nothing about {elsewhere[b]}" for b in foreign)
         add(f"- {c['name']}: {c['status'].upper()}{backend}{reason}")
     add("")
     failed = [c for c in checks if c["status"] == "fail"]
     if failed:
-        add(f"**Not verified: {len(failed)} check(s) FAILED** — "
-            + "; ".join(c["name"] for c in failed)
-            + ". Do not rely on this wheel for those features until a later report passes them.")
+        add(_failed_verdict(report))
     elif counts["pass"]:
         add("All checks that ran passed." + (" Skipped checks were not run and are not "
                                              "verified." if counts["skip"] else ""))
@@ -229,6 +249,21 @@ def _validation_section(report, gpu, ptx, add) -> None:
         add(f"| {c['name']} | {c['status'].upper()} | {c.get('backend') or '-'} | {cos} | {l1} "
             f"| {mx} |")
     add("")
+
+
+def _backends_not_on_targets(report: dict) -> dict[str, str]:
+    """Backends that ran in the checks but, by the report's capability table, run on none of the
+    wheel's SMs (the Triton kernels, compute capability 8.0+, on an sm75 wheel validated on a
+    newer GPU): backend -> the SMs, e.g. 'SM75'. A pass on them says nothing about those SMs."""
+    sms = [sm for sm, _ in _sms(report)]
+    table = report.get("backends_table") if isinstance(report.get("backends_table"), list) else []
+    out = {}
+    for row in table:
+        low = row.get("min_capability") if isinstance(row, dict) else None
+        if isinstance(low, list) and len(low) == 2 and sms and \
+                all(sm < low[0] * 10 + low[1] for sm in sms):
+            out[row.get("name")] = "/".join(f"SM{sm}" for sm in sms)
+    return out
 
 
 def _performance_section(report, perf, ptx, gpu, add) -> None:
@@ -359,7 +394,13 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
     env = report["environment"]
     add(f"## {os_name} compatibility")
     add("")
-    add(f"Treat this {os_name} wheel as verified only for:")
+    verdict = _failed_verdict(report)
+    if verdict:
+        add(verdict)
+        add("")
+        add("The failed run was made on:")
+    else:
+        add(f"Treat this {os_name} wheel as verified only for:")
     add("")
     add(f"- {os_name} {facts['platform']}")
     add(f"- {env.get('python_implementation', 'CPython')} {env.get('python', '?')} "
@@ -389,6 +430,13 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
 def generate(report_path: Path, out_dir: Path | None = None) -> tuple[Path, Path, str, str]:
     """Load one report; return (note path, chart path, note text, chart text) without writing."""
     doc = reports.load_report(report_path)
+    # A note states what the wheel is verified for (OS, Python, torch, CUDA, driver of the run):
+    # from a report that does not record them it would state '?' or, without the OS, skip the
+    # rule that a Windows wheel never carries a Linux run.
+    missing = [k for k in NOTE_ENVIRONMENT if not doc["environment"].get(k)]
+    if missing:
+        raise reports.ReportError(f"{report_path}: environment lacks {', '.join(missing)}; a "
+                                  "note states only what its report recorded: validate again")
     expected = reports.report_filename(doc["wheel"]["filename"])
     if report_path.name != expected:
         raise reports.ReportError(f"{report_path}: a report for {doc['wheel']['filename']} "

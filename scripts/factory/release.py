@@ -370,6 +370,7 @@ def _check_report(
         reasons.append(f"validation failed: {len(failed)} check(s) failed ({shown})")
     if "pass" not in statuses:
         reasons.append("no check passed")
+    reasons += _native_kernels_proven(checks)
 
     execution = report.get("execution")
     env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
@@ -387,6 +388,38 @@ def _check_report(
                 f"({', '.join(t.name for t in targets)}) runs there {can}"
             )
     return reasons, report
+
+
+def _ran(check: dict) -> list[str]:
+    """The backends a check says ran (its ``backends`` list, else its ``backend``)."""
+    ran = check.get("backends")
+    if isinstance(ran, list) and ran:
+        return [str(b) for b in ran]
+    return [check["backend"]] if isinstance(check.get("backend"), str) and check["backend"] else []
+
+
+def _native_kernels_proven(checks: list) -> list[str]:
+    """A pass proves only what ran. A passed check that names no backend proves nothing; one
+    marked native that ran anything but the wheel's CUDA kernels (``cuda-*``) claims a native
+    result from a fallback; and a wheel is validated only if some passed check ran one of its CUDA
+    kernels (the SDPA fallback and the Triton kernels prove nothing about them)."""
+    passed = [c for c in checks if isinstance(c, dict) and c.get("status") == "pass"]
+    reasons = []
+    unnamed = [str(c.get("name", "?")) for c in passed if not _ran(c)]
+    if unnamed:
+        reasons.append(f"passed check(s) that do not say which backend ran: {', '.join(unnamed)}")
+    fallback = [f"{c.get('name', '?')} ({', '.join(_ran(c))})" for c in passed
+                if c.get("native") is True and _ran(c)
+                and not all(b.startswith("cuda-") for b in _ran(c))]
+    if fallback:
+        reasons.append(f"native check(s) passed on a backend other than the wheel's CUDA kernels: "
+                       f"{'; '.join(fallback)}")
+    if passed and not any(b.startswith("cuda-") for c in passed for b in _ran(c)):
+        ran = sorted({b for c in passed for b in _ran(c)})
+        reasons.append(f"no passed check ran a CUDA kernel of this wheel (only "
+                       f"{', '.join(ran) or 'no backend'}): a fallback's pass does not validate "
+                       "native kernels")
+    return reasons
 
 
 def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
@@ -446,9 +479,7 @@ def validation_summary(report: dict) -> dict:
         "checks_passed": counts["pass"],
         "checks_failed": counts["fail"],
         "checks_skipped": counts["skip"],
-        "backends": sorted(
-            {c["backend"] for c in checks if c.get("status") == "pass" and c.get("backend")}
-        ),
+        "backends": sorted({b for c in checks if c.get("status") == "pass" for b in _ran(c)}),
         "geomean_speedup_vs_sdpa": perf.get("geomean_speedup_vs_sdpa"),
     }
 

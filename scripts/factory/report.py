@@ -25,6 +25,8 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from scripts.factory.labels import LocalLabel
+
 SCHEMA_VERSION = 1
 REPORT_SUFFIX = ".report.json"
 EXECUTIONS = ("native", "ptx-jit")
@@ -174,12 +176,58 @@ def validate_report(doc: Any) -> list[str]:
         problems.append(f"execution must be one of {EXECUTIONS}, got {doc.get('execution')!r}")
     problems += _check_checks(doc.get("checks"))
     problems += _check_performance(doc.get("performance"))
-    if filename is not None and isinstance(env.get("os"), str):
-        expected = wheel_os(filename)
-        if expected is not None and env["os"] != expected:
-            # A Windows wheel never inherits a Linux run's results, nor the reverse.
-            problems.append(f"the wheel {filename} is for {expected}, but the run was on "
-                            f"{env['os']}: a report only covers the wheel it ran")
+    if filename is not None:
+        problems += _run_fits_wheel(doc, filename, env)
+    return problems
+
+
+def _major_minor(text: Any) -> tuple[int, int] | None:
+    m = re.match(r"^\s*(\d+)\.(\d+)", text) if isinstance(text, str) else None
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def _run_fits_wheel(doc: dict, filename: str, env: dict) -> list[str]:
+    """A report only covers the wheel it ran: the run's OS, torch, CUDA and Python must be the ones
+    the wheel's name is for, and its execution the one the wheel's SMs allow on the run's GPU
+    ('native' needs a SASS target of the label for that compute capability; anything else ran
+    PTX through the driver's JIT, which checks a code path, not that architecture's hardware)."""
+    problems = []
+    expected = wheel_os(filename)
+    if isinstance(env.get("os"), str) and expected is not None and env["os"] != expected:
+        # A Windows wheel never inherits a Linux run's results, nor the reverse.
+        problems.append(f"the wheel {filename} is for {expected}, but the run was on "
+                        f"{env['os']}: a report only covers the wheel it ran")
+    _, version, _, tags = parse_wheel_name(filename)
+    try:
+        label = LocalLabel.parse(version.local or "")
+    except ValueError:
+        label = None  # not a factory name: nothing more the name can say
+    if label is not None:
+        for key, wanted, what in (("torch", label.torch, "torch"),
+                                  ("cuda_runtime", label.cuda, "CUDA")):
+            ran = _major_minor(env.get(key))
+            if ran is not None and ran != wanted:
+                problems.append(f"the wheel {filename} is for {what} {wanted[0]}.{wanted[1]}, but "
+                                f"the run used {what} {env[key]}: a report only covers the "
+                                "wheel it ran")
+        cap = _major_minor(env.get("compute_capability"))
+        if cap is not None and doc.get("execution") == "native" and not any(
+                sm // 10 == cap[0] and sm % 10 <= cap[1] for sm in label.sms):
+            problems.append(f"execution is 'native', but the wheel's SMs "
+                            f"({', '.join(f'sm{sm}' for sm in label.sms)}) have no SASS for "
+                            f"compute capability {cap[0]}.{cap[1]}: there it can only run PTX "
+                            "through the driver's JIT (ptx-jit)")
+    expectation = doc.get("expectation")
+    if isinstance(expectation, dict) and expectation.get("execution") not in (
+            None, doc.get("execution")):
+        problems.append(f"execution is {doc.get('execution')!r}, but expectation.execution is "
+                        f"{expectation.get('execution')!r}: the report contradicts itself")
+    python = _major_minor(env.get("python"))
+    cpython = {t.interpreter for t in tags if re.fullmatch(r"cp\d+", t.interpreter)
+               and t.abi != "abi3"}
+    if python is not None and cpython and f"cp{python[0]}{python[1]}" not in cpython:
+        problems.append(f"the wheel {filename} is for {', '.join(sorted(cpython))}, but the run "
+                        f"used Python {env['python']}: a report only covers the wheel it ran")
     return problems
 
 
@@ -229,6 +277,39 @@ def _check_performance(perf: Any) -> list[str]:
     if "geomean_speedup_vs_sdpa" not in perf or not _number_or_none(
             perf.get("geomean_speedup_vs_sdpa")):
         problems.append("performance.geomean_speedup_vs_sdpa must be a number or null")
+    if not problems:
+        problems += _geomeans_come_from_cases(perf)
+    return problems
+
+
+def _geomean(values) -> float | None:
+    """The benchmark's geometric mean (sageattention/benchmark.py): over the cases that ran."""
+    vals = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
+
+
+def _geomeans_come_from_cases(perf: dict) -> list[str]:
+    """Every geometric mean a report states is the one its own cases give: a speed-up figure with
+    no measured case behind it (or another figure than the cases') is not a result."""
+    cases = perf["cases"]
+    claims = [("performance.geomean_speedup_vs_sdpa", perf["geomean_speedup_vs_sdpa"],
+               _geomean(c.get("speedup_vs_sdpa") for c in cases))]
+    by_backend = perf.get("geomean_speedup_vs_sdpa_by_backend") or {}
+    if isinstance(by_backend, dict):
+        claims += [(f"performance.geomean_speedup_vs_sdpa_by_backend[{name!r}]", value,
+                    _geomean(((c.get("backends") or {}).get(name) or {}).get("speedup_vs_sdpa")
+                             for c in cases if isinstance(c.get("backends"), dict)))
+                   for name, value in by_backend.items()]
+    problems = []
+    for where, stated, derived in claims:
+        same = (stated is None and derived is None) or (
+            isinstance(stated, (int, float)) and derived is not None
+            and math.isclose(stated, derived, rel_tol=1e-4))
+        if not same:
+            problems.append(f"{where} is {stated!r}, but the cases' speed-ups give "
+                            f"{'no figure' if derived is None else f'{derived:.6g}'}: a speed-up "
+                            "must come from the cases measured")
     return problems
 
 

@@ -85,7 +85,7 @@ def test_ptx_jit_is_named_as_such_and_never_as_turing_hardware():
 def test_a_failed_check_is_stated_plainly():
     text = note_for(STEM75)
     assert "- CUDA graph capture: FAIL (cuda-sm75-fp16): FIXTURE: capture raised an error" in text
-    assert "**Not verified: 1 check(s) FAILED** — CUDA graph capture." in text
+    assert "**Validation FAILED: 1 check(s) failed** (CUDA graph capture)." in text
     assert "All checks that ran passed" not in text
     assert "All checks that ran passed" in note_for(STEM90)
 
@@ -362,3 +362,43 @@ def test_chart_refuses_a_folder_where_a_chart_goes_before_writing_any(tmp_path, 
     err = capsys.readouterr().err
     assert f"error: {out / STEM90}.speedup.svg is a folder where a file is written; " in err, err
     assert sorted(p.name for p in out.iterdir()) == [f"{STEM90}.speedup.svg"]
+
+
+def test_a_failed_report_is_verified_for_nothing():
+    # The note of a failed run said "Treat this Linux wheel as verified only for: ..." and "Do not
+    # rely on this wheel for those features", as if the rest were verified and the wheel released.
+    text = note_for(STEM75)
+    verdict = ("**Validation FAILED: 1 check(s) failed** (CUDA graph capture). This wheel is not "
+               "verified for any configuration and is not published")
+    assert text.count(verdict) == 3  # at the top, under the checks and under compatibility
+    assert "verified only for" not in text and "Do not rely on this wheel for those" not in text
+    assert "The failed run was made on:" in text
+    assert "Validation FAILED" not in note_for(STEM90)
+    assert "Treat this Linux wheel as verified only for:" in note_for(STEM90)
+
+
+@pytest.mark.parametrize("field", ["os", "python", "torch", "cuda_runtime", "driver"])
+def test_a_report_without_its_runs_environment_gets_no_note(tmp_path, capsys, field):
+    # The note said "verified only for: CPython ? ... PyTorch ?"; without the OS the rule that a
+    # Windows wheel never carries a Linux run did not apply.
+    doc = json.loads((FIXTURES / f"{STEMWIN}.report.json").read_text())
+    doc["environment"].pop(field)
+    path = tmp_path / f"{STEMWIN}.report.json"
+    path.write_text(json.dumps(doc))
+    assert notes.main([str(path)]) == 2
+    assert f"environment lacks {field}" in capsys.readouterr().err
+    assert not (tmp_path / f"{STEMWIN}.md").exists()
+
+
+def test_a_pass_on_a_backend_that_does_not_run_on_the_wheels_sm_says_so():
+    # The sm75 wheel's mask checks ran triton-fp16 on the sm_90 GPU: the note listed them as PASS
+    # with nothing to say that Triton (compute capability 8.0+) never runs on SM75.
+    doc = reports.load_report(FIXTURES / f"{STEM75}.report.json")
+    for c in doc["checks"]:
+        if c["name"] == "Boolean attention masks":
+            c["backend"], c["backends"] = "triton-fp16", ["triton-fp16"]
+    text = notes.render(doc, f"{STEM75}.report.json")
+    assert ("- Boolean attention masks: PASS (triton-fp16); `triton-fp16` does not run on SM75: "
+            "its part of this result says nothing about SM75") in text
+    assert "- Additive floating-point attention masks: PASS (sdpa)\n" in text
+    assert "does not run on" not in note_for(STEM90).split("## Performance")[0]

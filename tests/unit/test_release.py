@@ -228,8 +228,8 @@ def test_report_from_a_gpu_the_wheel_cannot_run_on_is_refused(tmp_path):
     wheel = _validated(tmp_path, "sm75.torch2.14cu130", ["sm75+PTX"], execution="native")
     verdict = release.judge_wheel(wheel, tmp_path / "reports")
     assert isinstance(verdict, release.Refused)
-    assert "report says native on compute capability 9.0" in verdict.reasons[0]
-    assert "runs there ptx-jit" in verdict.reasons[0]
+    assert any("report says native on compute capability 9.0" in r and "runs there ptx-jit" in r
+               for r in verdict.reasons), verdict.reasons
 
 
 def test_ptx_jit_validation_is_accepted_and_recorded(tmp_path):
@@ -648,3 +648,60 @@ def test_a_folder_named_like_a_wheel_is_refused_with_its_reason(tmp_path, capsys
     captured = capsys.readouterr()
     assert f"REFUSED   {fx.PASSING}" in captured.out
     assert "- cannot read the wheel: Is a directory" in captured.out
+
+
+# ---------------------------------------------------------------- a pass proves only what ran
+
+
+def _with_checks(tmp_path: Path, edit) -> release.Accepted | release.Refused:
+    wheel = _validated(tmp_path, "sm90.torch2.14cu130", ["sm90"])
+    path = tmp_path / "reports" / (wheel.name[:-4] + ".report.json")
+    report = json.loads(path.read_text())
+    edit(report["checks"])
+    path.write_text(json.dumps(report))
+    return release.judge_wheel(wheel, tmp_path / "reports")
+
+
+def _set(checks, backend, *, native=None, only=None):
+    for c in checks:
+        if c["status"] == "pass" and (only is None or c["name"] in only):
+            c["backend"], c["backends"] = backend, [backend] if backend else []
+            if native is not None:
+                c["native"] = native
+
+
+@pytest.mark.parametrize("edit,words", [
+    # every pass ran the SDPA fallback (or a Triton kernel): nothing about the wheel's kernels
+    (lambda cs: _set(cs, "sdpa"), "no passed check ran a CUDA kernel of this wheel (only sdpa)"),
+    (lambda cs: _set(cs, "triton-fp16"),
+     "no passed check ran a CUDA kernel of this wheel (only triton-fp16)"),
+    # a check the suite runs forced on the native kernels, passed on a fallback
+    (lambda cs: _set(cs, "sdpa", native=True, only={"causal"}),
+     "native check(s) passed on a backend other than the wheel's CUDA kernels: causal (sdpa)"),
+    # a pass that does not say which backend ran
+    (lambda cs: _set(cs, None, only={"gqa"}),
+     "passed check(s) that do not say which backend ran: gqa"),
+])
+def test_a_pass_that_did_not_run_the_wheels_kernels_does_not_validate_it(tmp_path, edit, words):
+    # All four were published: the release read only the statuses, never which backend ran.
+    assert isinstance(_with_checks(tmp_path, lambda cs: None), release.Accepted)
+    verdict = _with_checks(tmp_path, edit)
+    assert isinstance(verdict, release.Refused)
+    assert any(words in r for r in verdict.reasons), verdict.reasons
+
+
+def test_mask_checks_on_fallbacks_beside_native_passes_are_accepted(tmp_path):
+    # The real suite's mask checks (native: false) run Triton or SDPA by design.
+    verdict = _with_checks(tmp_path, lambda cs: _set(cs, "sdpa", native=False, only={"causal"}))
+    assert isinstance(verdict, release.Accepted), getattr(verdict, "reasons", None)
+
+
+def test_manifest_lists_each_backend_that_ran_once(tmp_path):
+    # A check that ran two backends ("triton-fp16, cuda-sm80-fp16") was listed as one backend of
+    # that name in the manifest's validation.backends.
+    def two(cs):
+        cs[0]["backend"] = "triton-fp16, cuda-sm80-fp16"
+        cs[0]["backends"] = ["triton-fp16", "cuda-sm80-fp16"]
+    verdict = _with_checks(tmp_path, two)
+    assert release.validation_summary(verdict.report)["backends"] == ["cuda-sm80-fp16",
+                                                                     "triton-fp16"]

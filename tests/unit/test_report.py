@@ -155,7 +155,7 @@ def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path, wheel, monkeypa
         raise OSError("disk full")
 
     monkeypatch.setattr(reports.os, "replace", boom)
-    doc["execution"] = "ptx-jit"
+    doc["run"]["command"] = "another command"  # any change to the valid report
     with pytest.raises(OSError, match="disk full"):
         reports.write_report(doc, out)
     assert first.read_text() == before  # the old report is intact
@@ -442,3 +442,60 @@ def test_gpu_runner_script_without_cells_prints_its_whole_usage(tmp_path):
     assert res.stdout.splitlines() == header
     assert res.stdout.rstrip().endswith("to regenerate the notes.")
     assert not list(tmp_path.iterdir())  # nothing built, no $OUT made
+
+
+# -- honesty: a report states only what its own run shows -------------------------------------
+
+@pytest.mark.parametrize("mutate,message", [
+    # a headline speed-up with no measured case behind it
+    (lambda d: d["performance"].update(cases=[]),
+     "performance.geomean_speedup_vs_sdpa is 1.292605, but the cases' speed-ups give no figure"),
+    # a headline speed-up that is not the cases' geometric mean
+    (lambda d: d["performance"].update(geomean_speedup_vs_sdpa=1.87),
+     "performance.geomean_speedup_vs_sdpa is 1.87, but the cases' speed-ups give 1.2926"),
+    # a forced backend's figure that no case timed
+    (lambda d: d["performance"].update(geomean_speedup_vs_sdpa_by_backend={"cuda-sm90-fp16": 1.5}),
+     "geomean_speedup_vs_sdpa_by_backend['cuda-sm90-fp16'] is 1.5, but the cases' speed-ups give "
+     "no figure"),
+])
+def test_a_speed_up_must_come_from_the_cases_measured(mutate, message):
+    # Such reports were valid: the release's manifest and text, and the note, claimed the figure.
+    doc = stored()
+    mutate(doc)
+    assert any(message in p for p in reports.validate_report(doc)), reports.validate_report(doc)
+
+
+def test_by_backend_figures_that_match_their_cases_are_valid():
+    doc = stored()
+    for i, case in enumerate(doc["performance"]["cases"]):
+        case["backends"] = {"cuda-sm90-fp16": {"speedup_vs_sdpa": 1.0 + i / 100}}
+    speeds = [1.0 + i / 100 for i in range(len(doc["performance"]["cases"]))]
+    doc["performance"]["geomean_speedup_vs_sdpa_by_backend"] = {
+        "cuda-sm90-fp16": reports._geomean(speeds)}
+    assert reports.validate_report(doc) == []
+
+
+PTX75 = FIXTURES / "sageattention-2.2.0+sm75.torch2.11cu130-cp312-cp312-linux_x86_64.report.json"
+
+
+@pytest.mark.parametrize("path,mutate,message", [
+    # the sm75 wheel's compute_75 PTX run on an sm_90 GPU reported as native SASS
+    (PTX75, lambda d: d.update(execution="native"),
+     "execution is 'native', but the wheel's SMs (sm75) have no SASS for compute capability 9.0"),
+    (PTX75, lambda d: d["expectation"].update(execution="native"),
+     "execution is 'ptx-jit', but expectation.execution is 'native'"),
+    # a run with another torch, CUDA or Python than the wheel is for
+    (SM90, lambda d: d["environment"].update(torch="2.14.1+cu130"),
+     "is for torch 2.11, but the run used torch 2.14.1+cu130"),
+    (SM90, lambda d: d["environment"].update(cuda_runtime="12.8"),
+     "is for CUDA 13.0, but the run used CUDA 12.8"),
+    (SM90, lambda d: d["environment"].update(python="3.11.9"),
+     "is for cp312, but the run used Python 3.11.9"),
+])
+def test_a_report_only_covers_a_run_its_wheel_admits(path, mutate, message):
+    # These were valid reports: the note of the sm75 wheel then said "Execution: native ... SASS
+    # for SM90" and "verified only for: NVIDIA ... (sm_90)", never that PTX ran.
+    doc = stored(path)
+    assert reports.validate_report(doc) == []
+    mutate(doc)
+    assert any(message in p for p in reports.validate_report(doc)), reports.validate_report(doc)

@@ -762,8 +762,10 @@ def test_suite_result_becomes_a_valid_report_and_note(tmp_path):
     doc["performance"] = benchmark.run(
         [benchmark.Case("fp16", 1, 2, 32, 64, False)], api=make_api(lib),
         device=torch.device("cpu"), timer=lambda fn: 2.0 if fn.__name__ == "sdpa" else 1.0)
+    # the run a cp312 / torch 2.11 / cu130 wheel admits (a report only covers the wheel it ran)
     doc["environment"].update(gpu_name="Test GPU", compute_capability="9.0", gpu_sm="sm90",
-                              os="Linux")
+                              os="Linux", python="3.12.3", torch="2.11.0+cu130",
+                              cuda_runtime="13.0", driver="580.00 (test)")
     doc = json.loads(json.dumps(cli.jsonsafe(doc)))  # as the suite writes it
     wheel = tmp_path / "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
     wheel.write_bytes(b"wheel")
