@@ -385,8 +385,8 @@ def _limitations_section(report, sms, families, add) -> None:
             low = row.get("min_capability") if isinstance(row, dict) else None
             if row.get("kind") == "triton" and isinstance(low, list) and len(low) == 2 \
                     and sm < low[0] * 10 + low[1]:
-                add(f"- The Triton backend needs compute capability {low[0]}.{low[1]} or newer; "
-                    f"it does not run on SM{sm}.")
+                add(f"- The Triton backend `{row.get('name', '?')}` needs compute capability "
+                    f"{low[0]}.{low[1]} or newer; it does not run on SM{sm}.")
         add("")
 
 
