@@ -693,11 +693,19 @@ def render_text(m: Machine, v: Verdict, commands: dict | None) -> str:
             f"  runs as {v.execution}",
         ]
         if val:
+            skipped = val.get("checks_skipped")
             lines.append(
                 f"  validated on {val.get('gpu_name')} "
                 f"(compute capability {val.get('compute_capability')}, "
                 f"{val.get('execution')}): {val.get('checks_passed')} checks passed"
+                + (f", {skipped} skipped" if skipped else "")
             )
+            if val.get("execution") == "ptx-jit":
+                # The run compiled the wheel's PTX for a GPU it has no SASS for.
+                lines.append(
+                    "  (that run checks this wheel's code path through the driver's PTX JIT, "
+                    "not the hardware its SASS is for)"
+                )
         if w.get("note"):
             lines.append(f"  notes: {w['note']}")
         lines += [

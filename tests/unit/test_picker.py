@@ -276,6 +276,19 @@ def test_cli_found_prints_wheel_and_pip_uv_index_commands(tmp_path):
     ) in res.stdout
 
 
+
+def test_cli_says_a_ptx_jit_validation_checks_the_code_path_not_the_users_gpu(tmp_path):
+    wheel = {**WHEELS["t4_linux"], "validation": {"gpu_name": "NVIDIA H100", "compute_capability": "9.0",
+                                                  "execution": "ptx-jit", "checks_passed": 24,
+                                                  "checks_failed": 0, "checks_skipped": 1}}
+    res = _run(tmp_path, {**MANIFEST, "wheels": [wheel]}, machine())
+    assert res.returncode == pick_wheel.EXIT_FOUND, res.stderr
+    assert "validated on NVIDIA H100 (compute capability 9.0, ptx-jit): 24 checks passed, 1 skipped" \
+        in res.stdout
+    assert "not the hardware its SASS is for" in res.stdout
+    native = _run(tmp_path, MANIFEST, machine(gpus=[("H100", "9.0")]))
+    assert "3 checks passed\n" in native.stdout and "PTX JIT" not in native.stdout
+
 def test_cli_json_and_none_fits_exit_code(tmp_path):
     res = _run(tmp_path, MANIFEST, machine(torch="2.13.0+cu130"), "--json")
     assert res.returncode == pick_wheel.EXIT_NONE_FITS
