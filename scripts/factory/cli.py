@@ -134,10 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
              (MatrixError, PlanError, ToolchainError)),
             ("build", "build (and repair and check) wheels",
              (MatrixError, PlanError, ToolchainError, BuildError, WheelCheckError))):
-        epilog = exit_codes(*errors)
         if name == "plan":  # PlanError's "nothing buildable" is build's: a plan is still printed
-            epilog = epilog.replace(", nothing buildable)", ")") + (
+            epilog = exit_codes(*errors, narrower={PlanError: "The request cannot be planned (unknown "
+                                                              "SM or cell)"}) + (
                 ". A plan that skips every cell is printed and exits 0 (build then exits 3)")
+        else:
+            epilog = exit_codes(*errors)
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog)
         which = p.add_mutually_exclusive_group(required=True)
         which.add_argument("--sm", action=_Once, type=_sm_arg,

@@ -45,12 +45,13 @@ class WheelCheckError(FactoryError):
     exit_code = 6
 
 
-def exit_codes(*errors: type[FactoryError]) -> str:
+def exit_codes(*errors: type[FactoryError], narrower: dict[type[FactoryError], str] | None = None) -> str:
     """The exit statuses of a command that fails with ``errors``, for its --help epilog; each
-    class's docstring says what its status means (2 also covers bad arguments: argparse's)."""
+    class's docstring says what its status means (2 also covers bad arguments: argparse's), or
+    ``narrower[class]`` where this command raises it for fewer reasons."""
     meanings = {0: "done", 2: "bad arguments"}
     for error in sorted(errors, key=lambda e: e.exit_code):
-        meaning = error.__doc__.strip().rstrip(".")
+        meaning = (narrower or {}).get(error) or error.__doc__.strip().rstrip(".")
         meaning = meaning[0].lower() + meaning[1:]
         meanings[error.exit_code] = (f"{meanings[error.exit_code]}, or {meaning}"
                                      if error.exit_code in meanings else meaning)
