@@ -2,8 +2,9 @@
 
 A wheel is accepted only when ``<reports>/<wheel stem>.report.json`` exists, names this wheel,
 carries its sha256, has no failed check (and at least one passed one), and says it ran on a GPU
-this wheel can run on; and when its notes ``<reports>/<wheel stem>.md`` exist. Everything else is
-refused, with the reasons, and is not copied.
+this wheel can run on; and when its notes ``<reports>/<wheel stem>.md`` are exactly what
+``python -m scripts.factory.notes`` generates from that report (notes are generated, never written
+or edited by hand). Everything else is refused, with the reasons, and is not copied.
 
 The release folder holds (flat, so it can be uploaded as GitHub release assets as-is)::
 
@@ -32,7 +33,9 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 try:  # run as `python scripts/factory/release.py` or imported as scripts.factory.release
+    from . import chart as chart_mod
     from . import index as index_mod
+    from . import notes as notes_mod
     from . import report as report_mod
     from .labels import LocalLabel
 except ImportError:  # pragma: no cover - script mode
@@ -41,6 +44,8 @@ except ImportError:  # pragma: no cover - script mode
     import report as report_mod  # type: ignore[no-redef]
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from scripts.factory import chart as chart_mod  # type: ignore[no-redef]
+    from scripts.factory import notes as notes_mod  # type: ignore[no-redef]
     from scripts.factory.labels import LocalLabel  # type: ignore[no-redef]
 
 PROJECT = "sageattention"
@@ -210,6 +215,11 @@ class Accepted:
     report: dict
     report_path: Path
     note_path: Path
+
+    @property
+    def chart_path(self) -> Path:
+        """The speed-up chart the note links, beside it (checked by _check_note)."""
+        return self.note_path.parent / chart_mod.chart_filename(self.path.name)
 
 
 @dataclass(frozen=True)
@@ -422,6 +432,41 @@ def _native_kernels_proven(checks: list) -> list[str]:
     return reasons
 
 
+def _check_note(note_path: Path, report_path: Path, report: dict | None) -> list[str]:
+    """Reasons to refuse the wheel on account of its notes: they and the speed-up chart they link
+    must exist and be, byte for byte, what ``python -m scripts.factory.notes`` generates from the
+    report (notes are generated from real runs, never written or edited by hand)."""
+    if not note_path.is_file():
+        return [f"no release notes ({note_path.name} missing): run the notes step "
+                "(nox -s notes)"]
+    if report is None or report_mod.validate_report(report):
+        return []  # no report, or an invalid one: its reasons say why; nothing to compare with
+    try:
+        # notes.generate is what `python -m scripts.factory.notes` writes: load_report, its
+        # refusals (an environment it cannot state, a misnamed report), then render.
+        _, chart_path, expected, expected_svg = notes_mod.generate(report_path, note_path.parent)
+    except Exception as exc:  # any failure of the notes step is a refusal reason, not a traceback
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        return [f"release notes cannot be generated from {report_path.name} "
+                f"(python -m scripts.factory.notes refuses it: {why}): a note is generated from "
+                "its report, so this wheel has none"]
+    try:
+        actual = note_path.read_bytes()
+    except OSError as exc:
+        return [f"release notes {note_path.name} are not readable: {exc.strerror or exc}"]
+    if actual != expected.encode("utf-8"):
+        return [f"release notes {note_path.name} differ from what python -m scripts.factory.notes "
+                f"generates from {report_path.name}: notes are generated from the report, never "
+                "written or edited by hand; run the notes step (nox -s notes, or python -m "
+                f"scripts.factory.notes {report_path.name}) and publish what it writes"]
+    # the note shows this chart: published without it, its link would be broken
+    if not chart_path.is_file() or chart_path.read_bytes() != expected_svg.encode("utf-8"):
+        return [f"the speed-up chart {chart_path.name} that the notes link is "
+                f"{'missing' if not chart_path.is_file() else 'not what the notes step generates'}"
+                f": run the notes step (nox -s notes), which writes it beside the note"]
+    return []
+
+
 def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
     """Accept or refuse one wheel, naming every reason for a refusal."""
     try:
@@ -435,8 +480,7 @@ def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
     report_reasons, report = _check_report(report_path, wheel_path, targets)
     reasons += report_reasons
     note_path = reports_dir / f"{stem}.md"
-    if not note_path.is_file():
-        reasons.append(f"no release notes ({note_path.name} missing): run the notes step")
+    reasons += _check_note(note_path, report_path, report)
     if reasons or report is None:
         return Refused(wheel_path.name, tuple(reasons))
     return Accepted(
@@ -578,6 +622,7 @@ def write_release(
             shutil.copy2(item.path, staging / item.path.name)
             shutil.copy2(item.report_path, staging / item.report_path.name)
             shutil.copy2(item.note_path, staging / item.note_path.name)
+            shutil.copy2(item.chart_path, staging / item.chart_path.name)
             notes[item.path.name] = item.note_path.read_text(encoding="utf-8")
             entries.append(manifest_entry(item, index_dir))
             index_entries.append(
