@@ -14,6 +14,8 @@ hardware. Limitations come from the kernel family table and capability table the
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -43,10 +45,22 @@ def note_filename(wheel_filename: str) -> str:
     return reports.wheel_stem(wheel_filename) + NOTE_SUFFIX
 
 
+@functools.lru_cache(maxsize=1)
+def _expectation():
+    """sageattention/validation/expectation.py (the SM-target and backend-name rules), loaded from
+    its file: importing it through the package would import torch, which the publish job, where
+    the notes and the release are made, does not install."""
+    path = Path(__file__).resolve().parents[2] / "sageattention" / "validation" / "expectation.py"
+    spec = importlib.util.spec_from_file_location("_sageattention_expectation", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def _sms(report: dict) -> list[tuple[int, bool]]:
     """(SM, embeds PTX) for each target of the wheel, from its build info or its local label."""
-    from sageattention.validation.expectation import parse_target
-
+    parse_target = _expectation().parse_target
     info = report.get("build_info") or {}
     if info.get("sm_targets"):
         return [(t.sm, t.ptx) for t in map(parse_target, info["sm_targets"])]
@@ -69,9 +83,7 @@ def _families(report: dict) -> dict:
 
 
 def _backend_name(family: str, op: str) -> str:
-    from sageattention.validation.expectation import backend_name
-
-    return backend_name(family, op)
+    return _expectation().backend_name(family, op)
 
 
 def _figures(err: dict | None) -> str:

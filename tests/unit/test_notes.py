@@ -407,3 +407,29 @@ def test_a_pass_on_a_backend_that_does_not_run_on_the_wheels_sm_says_so():
             "its part of this result says nothing about SM75") in text
     assert "- Additive floating-point attention masks: PASS (sdpa)\n" in text
     assert "does not run on" not in note_for(STEM90).split("## Performance")[0]
+
+
+def test_notes_and_release_run_without_torch(tmp_path):
+    # The publish job (.github/workflows/wheels.yml) installs nox, pyyaml and packaging only, then
+    # runs `nox -s notes` and `nox -s release`; the notes imported sageattention (and so torch) for
+    # two small rules. Here torch cannot be imported at all.
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is not installed here')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "from scripts.factory import notes, release\n"
+        f"rc = notes.main(['--dir', {str(root / 'release_notes')!r}, '--check'])\n"
+        f"fx = {str(root / 'tests/unit/fixtures/release')!r}\n"
+        "rc2 = release.main(['--wheels', fx + '/wheels', '--reports', fx + '/release_notes',\n"
+        f"                    '--out', {str(tmp_path / 'out')!r}, '--allow-partial'])\n"
+        "assert 'torch' not in sys.modules\n"
+        "sys.exit(rc or rc2)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert (tmp_path / "out" / "manifest.json").is_file()
