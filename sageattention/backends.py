@@ -114,7 +114,9 @@ def capability_table() -> tuple[Backend, ...]:
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
         min_capability=limits["fp16"][0], dtypes=_HALF, head_dims=limits["fp16"][1],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32",
-        takes_mask=True, takes_smooth_v=False))
+        # smooth_v: with fp32 accumulation taking V's mean out and adding it back is an identity,
+        # which the native "fp32" modes skip too; it is the FP8 and fp16 accumulators it helps
+        takes_mask=True, takes_smooth_v=True))
     # FP8 e4m3 P and V; each K block's product is added to the fp32 output on the CUDA cores.
     rows.append(Backend(
         name="triton-fp8", kind="triton", family=None, op="qk_int8_pv_fp8", capabilities=frozenset(),

@@ -149,6 +149,17 @@ def test_requested_options_still_pick_the_backend_that_provides_them():
     assert not choice.adjustments
 
 
+
+def test_smooth_v_does_not_demote_the_fp32_accumulating_triton_kernel():
+    # For fp32 accumulation smooth_v is an identity (the native "fp32" modes skip it); triton-fp16
+    # was marked as lacking it, so with smooth_v=True it ranked after every native backend even
+    # where the table measured it fastest, and the call said "V is not smoothed".
+    t = table(entry(1, 32, 16384, 128, sdpa=3.0, cuda_sm80_fp16=2.0, triton_fp16=1.0))
+    choice = choose(req(smooth_v=True), inv(*ALL), calibration=t)
+    assert choice.name == "triton-fp16" and not choice.adjustments
+    fp8 = choose(req(smooth_v=True), inv(*ALL), calibration=table(
+        entry(1, 32, 16384, 128, sdpa=3.0, cuda_sm80_fp16=2.0, triton_fp8=1.0)))
+    assert fp8.name == "cuda-sm80-fp16"  # FP8 V without its smoothing: an adjustment, ranked after
 # --- what the calibration does not decide ----------------------------------------------------------
 
 @pytest.mark.parametrize("kw,expect,reason", [
