@@ -35,6 +35,12 @@ def parse_target(text: str) -> Target:
     return Target(sm=int(m["sm"]), ptx=bool(m["ptx"]), text=text)
 
 
+def sass_runs_on(target_sm: int, gpu_sm: int) -> bool:
+    """SASS built for ``target_sm`` runs on a GPU of ``gpu_sm``: the same major and an equal or
+    higher minor (sm80 code on an sm86 GPU)."""
+    return target_sm // 10 == gpu_sm // 10 and target_sm % 10 <= gpu_sm % 10
+
+
 def backend_name(family: str, op: str) -> str:
     """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ...
 
@@ -90,7 +96,7 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
         wheel_families = [f for f, why in available.items() if why is None]
         targets = [Target(sm=gpu_sm, ptx=False, text=f"sm{gpu_sm}")]
     # SASS runs on the same major and an equal or higher minor (sm80 code on an sm86 GPU).
-    sass_ok = any(t.sm // 10 == gpu_sm // 10 and t.sm % 10 <= gpu_sm % 10 for t in targets)
+    sass_ok = any(sass_runs_on(t.sm, gpu_sm) for t in targets)
     ptx_sms = {t.sm for t in targets if t.ptx}
     for arch in (build_info or {}).get("ptx") or []:  # e.g. "compute_75"
         m = re.fullmatch(r"compute_(\d{2,3})[af]?", str(arch))

@@ -26,18 +26,25 @@ if TYPE_CHECKING:
 PROJECT = "sageattention"
 
 
-def _load_label_rule():
-    name = "_sageattention_label_rule"
+def load_package_file(relative: str, name: str):
+    """A module of the sageattention package loaded from its file (``relative`` to the repository),
+    registered as ``name``, without importing the package: the rules the factory shares with it
+    (the publish job, where notes and releases are made, has no torch)."""
     if name not in sys.modules:
-        path = REPO_ROOT / "sageattention" / "build_info.py"
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / relative)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses needs the module registered while it runs
         spec.loader.exec_module(module)
     return sys.modules[name]
 
 
-_rule = _load_label_rule()
+def expectation():
+    """sageattention/validation/expectation.py: the SM-target, SASS and backend-name rules that the
+    validation suite applies, for the reports, notes and release to apply alike."""
+    return load_package_file("sageattention/validation/expectation.py", "_sageattention_expectation")
+
+
+_rule = load_package_file("sageattention/build_info.py", "_sageattention_label_rule")
 LocalLabel = _rule.LocalLabel
 
 

@@ -14,8 +14,6 @@ hardware. Limitations come from the kernel family table and capability table the
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from packaging.version import Version
 
 from scripts.factory import chart as charts
 from scripts.factory import report as reports
+from scripts.factory.labels import expectation
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO / "release_notes"
@@ -45,22 +44,9 @@ def note_filename(wheel_filename: str) -> str:
     return reports.wheel_stem(wheel_filename) + NOTE_SUFFIX
 
 
-@functools.lru_cache(maxsize=1)
-def _expectation():
-    """sageattention/validation/expectation.py (the SM-target and backend-name rules), loaded from
-    its file: importing it through the package would import torch, which the publish job, where
-    the notes and the release are made, does not install."""
-    path = Path(__file__).resolve().parents[2] / "sageattention" / "validation" / "expectation.py"
-    spec = importlib.util.spec_from_file_location("_sageattention_expectation", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def _sms(report: dict) -> list[tuple[int, bool]]:
     """(SM, embeds PTX) for each target of the wheel, from its build info or its local label."""
-    parse_target = _expectation().parse_target
+    parse_target = expectation().parse_target
     info = report.get("build_info") or {}
     if info.get("sm_targets"):
         return [(t.sm, t.ptx) for t in map(parse_target, info["sm_targets"])]
@@ -83,7 +69,7 @@ def _families(report: dict) -> dict:
 
 
 def _backend_name(family: str, op: str) -> str:
-    return _expectation().backend_name(family, op)
+    return expectation().backend_name(family, op)
 
 
 def _figures(err: dict | None) -> str:
@@ -148,8 +134,9 @@ def render(report: dict, source_name: str) -> str:
     add("Linux and Windows wheels are platform-specific. Install only the wheel that matches your "
         "operating system, Python version, PyTorch version, and CUDA stack.")
     add("")
-    if _failed_verdict(report):
-        add(_failed_verdict(report))
+    verdict = _failed_verdict(report)
+    if verdict:
+        add(verdict)
         add("")
 
     add("## What this build is")

@@ -37,7 +37,7 @@ try:  # run as `python scripts/factory/release.py` or imported as scripts.factor
     from . import index as index_mod
     from . import notes as notes_mod
     from . import report as report_mod
-    from .labels import LocalLabel
+    from .labels import LocalLabel, expectation
 except ImportError:  # pragma: no cover - script mode
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import index as index_mod  # type: ignore[no-redef]
@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - script mode
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scripts.factory import chart as chart_mod  # type: ignore[no-redef]
     from scripts.factory import notes as notes_mod  # type: ignore[no-redef]
-    from scripts.factory.labels import LocalLabel  # type: ignore[no-redef]
+    from scripts.factory.labels import LocalLabel, expectation  # type: ignore[no-redef]
 
 PROJECT = "sageattention"
 MANIFEST_SCHEMA_VERSION = 1
@@ -103,7 +103,7 @@ class GpuTarget:
         if self.arch_specific:
             if cc == self.cc:
                 return "native"
-        elif cc[0] == self.cc[0] and cc[1] >= self.cc[1]:
+        elif expectation().sass_runs_on(self.cc[0] * 10 + self.cc[1], cc[0] * 10 + cc[1]):
             return "native"
         if self.ptx and cc >= self.cc:
             return "ptx-jit"
@@ -351,7 +351,8 @@ def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ..
 def _check_report(
     report_path: Path, wheel_path: Path, targets: tuple[GpuTarget, ...]
 ) -> tuple[list[str], dict | None]:
-    """Reasons to refuse the wheel on account of its report (empty: the report clears it)."""
+    """Reasons to refuse the wheel on account of its report (empty: the report clears it), and
+    the report when it is a valid one (None otherwise)."""
     if not report_path.is_file():
         return [
             f"no validation report ({report_path.name} missing): the wheel was not validated"
@@ -397,7 +398,7 @@ def _check_report(
                 f"report says {execution} on compute capability {cc[0]}.{cc[1]}, but this wheel "
                 f"({', '.join(t.name for t in targets)}) runs there {can}"
             )
-    return reasons, report
+    return reasons, (None if problems else report)
 
 
 def _ran(check: dict) -> list[str]:
@@ -439,7 +440,7 @@ def _check_note(note_path: Path, report_path: Path, report: dict | None) -> list
     if not note_path.is_file():
         return [f"no release notes ({note_path.name} missing): run the notes step "
                 "(nox -s notes)"]
-    if report is None or report_mod.validate_report(report):
+    if report is None:
         return []  # no report, or an invalid one: its reasons say why; nothing to compare with
     try:
         # notes.generate is what `python -m scripts.factory.notes` writes: load_report, its

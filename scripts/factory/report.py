@@ -25,7 +25,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from scripts.factory.labels import LocalLabel
+from scripts.factory.labels import LocalLabel, expectation
 
 SCHEMA_VERSION = 1
 REPORT_SUFFIX = ".report.json"
@@ -212,16 +212,15 @@ def _run_fits_wheel(doc: dict, filename: str, env: dict) -> list[str]:
                                 "wheel it ran")
         cap = _major_minor(env.get("compute_capability"))
         if cap is not None and doc.get("execution") == "native" and not any(
-                sm // 10 == cap[0] and sm % 10 <= cap[1] for sm in label.sms):
+                expectation().sass_runs_on(sm, cap[0] * 10 + cap[1]) for sm in label.sms):
             problems.append(f"execution is 'native', but the wheel's SMs "
                             f"({', '.join(f'sm{sm}' for sm in label.sms)}) have no SASS for "
                             f"compute capability {cap[0]}.{cap[1]}: there it can only run PTX "
                             "through the driver's JIT (ptx-jit)")
-    expectation = doc.get("expectation")
-    if isinstance(expectation, dict) and expectation.get("execution") not in (
-            None, doc.get("execution")):
+    stated = doc.get("expectation")
+    if isinstance(stated, dict) and stated.get("execution") not in (None, doc.get("execution")):
         problems.append(f"execution is {doc.get('execution')!r}, but expectation.execution is "
-                        f"{expectation.get('execution')!r}: the report contradicts itself")
+                        f"{stated.get('execution')!r}: the report contradicts itself")
     python = _major_minor(env.get("python"))
     cpython = {t.interpreter for t in tags if re.fullmatch(r"cp\d+", t.interpreter)
                and t.abi != "abi3"}
