@@ -318,16 +318,6 @@ def test_every_wheel_is_checked_before_the_first_is_installed(tmp_path, wheel, c
     assert words in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("python", ["/nonexistent/python", "."])
-def test_a_python_that_is_not_an_interpreter_is_a_usage_error(wheel, capsys, python):
-    runner = lambda *a, **k: pytest.fail("ran something despite a bad --python")  # noqa: E731
-    with pytest.raises(SystemExit) as exc:
-        validate.main(["--wheel", str(wheel), "--python", python], runner=runner)
-    assert exc.value.code == 2
-    assert f"argument --python: {python!r} is not an executable interpreter" in \
-        capsys.readouterr().err
-
-
 def test_without_torch_and_without_a_gpu_nothing_is_installed(wheel, capsys, monkeypatch):
     # torch may come with the wheel, so a --python without torch was installed into first
     # (torch included) and only then found to have no GPU; docs/validation.md says nothing is.
@@ -365,15 +355,19 @@ def test_a_hung_suite_is_stopped_and_reported(tmp_path, wheel, capsys):
     assert not list(tmp_path.glob("*.report.json"))
 
 
-@pytest.mark.parametrize("timeout", ["0", "-5", "nan", "inf", "soon"])
-def test_a_timeout_that_is_not_a_positive_number_is_refused_before_anything_runs(wheel, capsys,
-                                                                                  timeout):
-    runner = lambda *a, **k: pytest.fail("ran something despite a bad --timeout")  # noqa: E731
+@pytest.mark.parametrize("option, value, message", [
+    *[("--python", p, f"argument --python: {p!r} is not an executable interpreter")
+      for p in ("/nonexistent/python", ".")],
+    *[("--timeout", t, f"argument --timeout: must be a positive number of seconds, got {t!r}")
+      for t in ("0", "-5", "nan", "inf", "soon")],
+])
+def test_a_bad_option_value_is_a_usage_error_before_anything_runs(wheel, capsys, option, value,
+                                                                  message):
+    runner = lambda *a, **k: pytest.fail(f"ran something despite a bad {option}")  # noqa: E731
     with pytest.raises(SystemExit) as exc:
-        validate.main(["--wheel", str(wheel), "--timeout", timeout], runner=runner)
+        validate.main(["--wheel", str(wheel), option, value], runner=runner)
     assert exc.value.code == 2
-    assert f"argument --timeout: must be a positive number of seconds, got {timeout!r}" in \
-        capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_validate_help_is_useful():
