@@ -5,7 +5,8 @@
 #
 #   STEPS="tests hopper triton bench calibrate" bash benchmarks/gpu_dev_session.sh
 #
-# Steps: tests (pytest tests/gpu), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
+# Steps: tests (pytest tests/gpu), fuzz (pytest tests/gpu/test_fuzz_gpu.py alone, on the draw that
+# FUZZ_SEED and FUZZ_CASES name, e.g. FUZZ_SEED=32 FUZZ_CASES=200), hopper (benchmarks/gpu_dev_hopper.py --sweep), triton
 # (benchmarks/gpu_dev_triton.py --sweep), bench (python -m sageattention.benchmark, every backend),
 # breakdown (CUDA time per kernel of one native call: BREAKDOWN_LABELS, BREAKDOWN_CASES; then the
 # ATen mean and aminmax over tokens on the same cases, gpu_dev_profile.py aten-stats),
@@ -14,7 +15,7 @@
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
 # installs it into a folder of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
 # power and clock-event reasons per backend under load, benchmarks/gpu_dev_clocks.py CLOCKS_ARGS).
-# Environment: OUT, STEPS, CLOCKS_ARGS, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
+# Environment: OUT, STEPS, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
@@ -52,6 +53,12 @@ for step in $STEPS; do
   case $step in
     tests) xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")  # parallel Triton compiles
            t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
+    fuzz)  # the fuzz tier alone on the draw FUZZ_SEED / FUZZ_CASES name (tests/gpu/fuzz_cases.py's
+           # SAGE_FUZZ_SEED / SAGE_FUZZ_CASES, set for this step only: the tests step keeps the default)
+           xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")
+           echo "fuzz draw: SAGE_FUZZ_SEED=${FUZZ_SEED:-} SAGE_FUZZ_CASES=${FUZZ_CASES:-} (empty: the default)" | tee "$S/fuzz_draw.txt"
+           SAGE_FUZZ_SEED=${FUZZ_SEED:-} SAGE_FUZZ_CASES=${FUZZ_CASES:-} t fuzz 240 python3 -m pytest \
+             "$REPO/tests/gpu/test_fuzz_gpu.py" -q -rs "${xdist[@]}" --junitxml="$S/fuzz.xml" -p no:cacheprovider ;;
     hopper) t hopper 240 python3 "$REPO/benchmarks/gpu_dev_hopper.py" --sweep --out "$S" ;;
     triton) t triton 240 python3 "$REPO/benchmarks/gpu_dev_triton.py" --sweep --out "$S/triton" ;;
     bench) # after calibrate: sageattn dispatches with the table just measured

@@ -3,20 +3,40 @@
 A helper module, not a test file: the GPU tests run the draws on the kernels, and
 tests/unit/test_fuzz_bars.py checks on the CPU that `sageattention.reference` (which the kernels
 match to cosine >= 0.99999) meets the same bars on the same draws, so a GPU failure points at a
-kernel, not at a bar the algorithm cannot meet.
+kernel, not at a bar the algorithm cannot meet. SAGE_FUZZ_SEED and SAGE_FUZZ_CASES (environment)
+draw other or more cases for a development run; the suites run the fixed default draw.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-SEED = 20261205
-N_CASES = 36
+
+def _env_int(name: str, default: int, low: int) -> int:
+    """An integer from the environment (a wider or other draw for a development run), else default."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: expected an integer >= {low}") from None
+    if value < low:
+        raise ValueError(f"{name}={value}: expected an integer >= {low}")
+    return value
+
+
+# The draw: fixed for the test suites; SAGE_FUZZ_SEED and SAGE_FUZZ_CASES draw other or more cases
+# for a development run (a failure names its case; rerun with the same two values).
+DEFAULT_SEED, DEFAULT_CASES = 20261205, 36
+SEED = _env_int("SAGE_FUZZ_SEED", DEFAULT_SEED, 0)
+N_CASES = _env_int("SAGE_FUZZ_CASES", DEFAULT_CASES, 1)
 # design.md accuracy bars against fp32 SDPA on normal inputs: (cosine min, relative L1 max), per
 # P.V type (None: SDPA itself).
 BARS = {"qk_int8_pv_fp16": (0.9998, 0.02), "qk_int8_pv_fp8": (0.9993, 0.04), None: (0.9999, 0.01)}
@@ -29,6 +49,10 @@ LOOSE_BARS = {"qk_int8_pv_fp16": (0.9990, 0.04), "qk_int8_pv_fp8": (0.9985, 0.06
 # |error|. INT8 score errors move it by ~1e-2; a missing K-smoothing term or a wrong log base by O(1).
 LSE_BARS = (0.02, 0.15)
 LOOSE_LSE_BARS = (0.06, 0.3)
+# The mean bar is a bar on an average over rows. With fewer rows the mean is one or two rows'
+# errors: a causal query of length 1 sees one key, so its LSE error is that one score's INT8 error
+# (the reference: mean 0.0150 over 3 rows against a bar of 0.0150, SAGE_FUZZ_SEED=32 case 149).
+LSE_MEAN_MIN_ROWS = 32
 LENGTHS = (1, 2, 17, 31, 63, 64, 65, 127, 128, 129, 200, 255, 257, 1000, 2049)
 VIEWS = ("contiguous", "sliced_head_dim", "transposed_layout", "every_other_token", "broadcast_batch")
 # The kernel-specific functions with the options users pass them (upstream's keyword names):
@@ -100,8 +124,9 @@ def draw_cases(seed: int = SEED, count: int = N_CASES) -> list[Case]:
 
 
 CASES = draw_cases()
-MASK_CASES = [c for c in CASES if not c.causal][:12]
-NATIVE_CASES = [c for c in CASES if c.head_dim in (64, 128) and c.normal][:14]
+# Subsets for the costlier tests, grown with a wider draw (12 and 14 of the default 36).
+MASK_CASES = [c for c in CASES if not c.causal][:max(12, N_CASES // 3)]
+NATIVE_CASES = [c for c in CASES if c.head_dim in (64, 128) and c.normal][:max(14, N_CASES * 7 // 18)]
 # A zero scale (every key weighs the same) and the default's negative, on causal and non-causal
 # draws, with the LSE: a kernel that masks before scaling would turn a masked -inf into +inf.
 SCALE_CASES = [dataclasses.replace(c, scale_factor=factor, scale_keyword=keyword, return_lse=True)
@@ -216,6 +241,8 @@ def check_call(label, out, lse, ref_out, ref_lse, q, bars, scale, head_dim):
         assert torch.isfinite(lse).all(), f"{label}: non-finite LSE"
         unit = abs(scale) * math.sqrt(head_dim) or 1.0   # the LSE's spread; a zero scale has none
         err = (lse.double() - ref_lse).abs()
+        if err.numel() < LSE_MEAN_MIN_ROWS:   # too few rows for a mean: the max bar alone
+            lse_mean = lse_max
         assert err.mean().item() <= lse_mean * unit and err.max().item() <= lse_max * unit, (
             f"{label}: LSE error mean {err.mean().item():.4f}, max {err.max().item():.4f} "
             f"(bars {lse_mean * unit:.4f}, {lse_max * unit:.4f})")

@@ -7,6 +7,8 @@ claim to be, holding the same values as a contiguous copy.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,3 +101,35 @@ def test_views_are_views_of_the_same_values(view, layout):
             assert not b.is_contiguous() and b.transpose(1, 2).is_contiguous()
         elif view == "every_other_token":
             assert b.stride(token_dim) == 2 * a.stride(token_dim)
+
+
+def _draw_in_child(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Import fuzz_cases in a child with `env` added (it reads the draw at import)."""
+    code = ("import fuzz_cases as f; print(f.SEED, f.N_CASES, len(f.CASES), len(f.MASK_CASES), "
+            "len(f.NATIVE_CASES), f.CASES[0])")
+    gpu_dir = str(Path(__file__).resolve().parents[1] / "gpu")
+    root = str(Path(__file__).resolve().parents[2])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([gpu_dir, root]), **env})
+
+
+def test_the_environment_draws_other_and_more_cases_and_the_default_stays_fixed():
+    default = _draw_in_child({"SAGE_FUZZ_SEED": "", "SAGE_FUZZ_CASES": ""})
+    assert default.returncode == 0, default.stderr
+    seed, count, cases, masks, natives, first = default.stdout.split(maxsplit=5)
+    assert (int(seed), int(count), int(cases)) == (20261205, 36, 36) and (masks, natives) == ("12", "14")
+    assert first.strip() == str(CASES[0])   # this process's draw is the default one
+    wide = _draw_in_child({"SAGE_FUZZ_SEED": "7", "SAGE_FUZZ_CASES": "90"})
+    assert wide.returncode == 0, wide.stderr
+    seed, count, cases, masks, natives, first = wide.stdout.split(maxsplit=5)
+    assert (int(seed), int(count), int(cases)) == (7, 90, 90)
+    assert int(masks) >= 12 and int(natives) >= 14 and first.strip() != str(CASES[0])
+
+
+@pytest.mark.parametrize("name, value", [("SAGE_FUZZ_CASES", "0"), ("SAGE_FUZZ_CASES", "many"),
+                                         ("SAGE_FUZZ_SEED", "-1")])
+def test_a_bad_draw_in_the_environment_is_refused_by_name(name, value):
+    proc = _draw_in_child({name: value})
+    assert proc.returncode != 0, proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError") and name in last and "expected an integer >= " in last, proc.stderr
