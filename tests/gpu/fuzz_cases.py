@@ -43,8 +43,11 @@ BARS = {"qk_int8_pv_fp16": (0.9998, 0.02), "qk_int8_pv_fp8": (0.9993, 0.04), Non
 # Inputs outside the bars' "normal" ones: a 1.5x softmax scale (sharper attention, so INT8 score
 # errors weigh more), or smooth_k=False on K with a channel bias (the bias widens K's INT8 step;
 # this is what K smoothing is for). The reference lands at cosine >= 0.99963, relative L1 <= 0.028
-# there (test_fuzz_bars.py); a scale or an option being ignored costs far more.
-LOOSE_BARS = {"qk_int8_pv_fp16": (0.9990, 0.04), "qk_int8_pv_fp8": (0.9985, 0.06), None: (0.9999, 0.01)}
+# there on the default draw, and at >= 0.99906, <= 0.0428 (FP16 P.V) and >= 0.99910, <= 0.0417
+# (FP8) on 620 wider draws' cases (SAGE_FUZZ_SEED 31, 32, 33 with 120, 200, 300 cases; the worst,
+# a single query over 2049 keys with K biased and not smoothed, missed the FP16 bar of 0.04 that
+# this table had); a scale or an option being ignored costs far more.
+LOOSE_BARS = {"qk_int8_pv_fp16": (0.9985, 0.06), "qk_int8_pv_fp8": (0.9985, 0.06), None: (0.9999, 0.01)}
 # LSE against float64 logsumexp, in units of the score scale (sm_scale * sqrt(d)): (mean, max) of
 # |error|. INT8 score errors move it by ~1e-2; a missing K-smoothing term or a wrong log base by O(1).
 LSE_BARS = (0.02, 0.15)

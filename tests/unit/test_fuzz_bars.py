@@ -18,12 +18,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 from fuzz_cases import (  # noqa: E402  (a helper of the GPU tier)
     CASES,
+    DEFAULT_CASES,
+    DEFAULT_SEED,
     KERNEL_FUNCTIONS,
     NATIVE_CASES,
     SCALE_CASES,
     VIEWS,
     bars_for,
     check_call,
+    draw_cases,
     expected,
     kernel_function_options,
     make_inputs,
@@ -118,12 +121,13 @@ def test_the_environment_draws_other_and_more_cases_and_the_default_stays_fixed(
     assert default.returncode == 0, default.stderr
     seed, count, cases, masks, natives, first = default.stdout.split(maxsplit=5)
     assert (int(seed), int(count), int(cases)) == (20261205, 36, 36) and (masks, natives) == ("12", "14")
-    assert first.strip() == str(CASES[0])   # this process's draw is the default one
+    assert first.strip() == str(draw_cases(DEFAULT_SEED, DEFAULT_CASES)[0])
     wide = _draw_in_child({"SAGE_FUZZ_SEED": "7", "SAGE_FUZZ_CASES": "90"})
     assert wide.returncode == 0, wide.stderr
     seed, count, cases, masks, natives, first = wide.stdout.split(maxsplit=5)
     assert (int(seed), int(count), int(cases)) == (7, 90, 90)
-    assert int(masks) >= 12 and int(natives) >= 14 and first.strip() != str(CASES[0])
+    assert int(masks) >= 12 and int(natives) >= 14
+    assert first.strip() == str(draw_cases(7, 90)[0]) != str(draw_cases(DEFAULT_SEED, DEFAULT_CASES)[0])
 
 
 @pytest.mark.parametrize("name, value", [("SAGE_FUZZ_CASES", "0"), ("SAGE_FUZZ_CASES", "many"),
