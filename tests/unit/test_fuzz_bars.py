@@ -21,6 +21,8 @@ from fuzz_cases import (  # noqa: E402  (a helper of the GPU tier)
     DEFAULT_CASES,
     DEFAULT_SEED,
     KERNEL_FUNCTIONS,
+    LSE_BARS,
+    LSE_MEAN_MIN_ROWS,
     NATIVE_CASES,
     SCALE_CASES,
     VIEWS,
@@ -137,3 +139,18 @@ def test_a_bad_draw_in_the_environment_is_refused_by_name(name, value):
     assert proc.returncode != 0, proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ValueError") and name in last and "expected an integer >= " in last, proc.stderr
+
+
+@pytest.mark.parametrize("rows, passes", [(3, True), (LSE_MEAN_MIN_ROWS, False)])
+def test_the_lse_mean_bar_applies_from_enough_rows(rows, passes):
+    # every row's LSE off by 0.05 score units: above the mean bar (0.02), below the max bar (0.15)
+    q = torch.zeros(1, 1, rows, 64)
+    out = torch.ones_like(q)
+    ref_lse = torch.zeros(1, 1, rows, dtype=torch.float64)
+    lse = (ref_lse + 0.05).float()
+    args = ("lse", out, lse, out.double(), ref_lse, q, ((0.9, 0.1), LSE_BARS), 64 ** -0.5, 64)
+    if passes:
+        check_call(*args)
+    else:
+        with pytest.raises(AssertionError, match="LSE error mean"):
+            check_call(*args)
