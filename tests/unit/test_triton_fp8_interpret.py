@@ -11,12 +11,11 @@ exact rounding in fp32, see attn_fp8._to_e4m3); those need the GPU runner.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreter_worker import run_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -134,11 +133,7 @@ def _worker() -> dict:
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, __file__, "--worker"], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, timeout=900)
 
 
 def test_v_quantization_is_torchs_e4m3_cast_transposed(measured):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreter_worker import run_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -231,13 +230,7 @@ def _worker() -> dict:
 
 @pytest.fixture(scope="module")
 def interp():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True,
-                          text=True, timeout=600, cwd=REPO)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter worker failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, timeout=600)
 
 
 def _bars(m, cos_min=COS_MIN, l1_max=REL_L1_MAX):

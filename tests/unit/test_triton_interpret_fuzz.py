@@ -9,32 +9,30 @@ So CI, which has no GPU, runs the Triton kernels' index and stride logic on the 
 tier uses. The interpreter runs the kernels' arithmetic in numpy, not on tensor cores: this
 checks what the kernels compute, not how fast or with which instructions. Zero and negative
 scales are not drawn here (the Triton function takes positive scales; `sageattn` routes the
-others). Runs in one subprocess with TRITON_INTERPRET=1 (Triton decides interpreter-or-compile
-at import: see test_triton_interpret.py).
+others). Runs in one TRITON_INTERPRET=1 subprocess (interpreter_worker.py says why).
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from interpreter_worker import run_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "gpu"))
+import fuzz_cases as fc  # noqa: E402  (a helper of the GPU tier)
+
 MAX_TOKENS = 257   # the interpreter's time grows with the tiles; 257 keeps tails of 128 and 64
 MAX_ROWS = 8       # batch x query heads
 PV_OPS = {"fp16": "qk_int8_pv_fp16", "fp8": "qk_int8_pv_fp8"}
 
 
 def _worker() -> dict:
-    sys.path.insert(0, str(REPO / "tests" / "gpu"))
-    import fuzz_cases as fc
-
     from sageattention import triton as st
 
     checked, failures, drawn, views = [], [], 0, set()
@@ -56,19 +54,12 @@ def _worker() -> dict:
                 failures.append(f"{label}: {type(exc).__name__}: {exc}"[:600])
             else:
                 checked.append(label)
-    return {"drawn": drawn, "checked": checked, "failures": failures, "views": sorted(views),
-            "all_views": list(fc.VIEWS)}
+    return {"drawn": drawn, "checked": checked, "failures": failures, "views": sorted(views)}
 
 
 @pytest.fixture(scope="module")
 def interp_fuzz():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, __file__, "--worker"], env=env, capture_output=True,
-                          text=True, timeout=900, cwd=REPO)
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter worker failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, timeout=900)
 
 
 def test_the_fuzz_draw_on_the_triton_kernels_meets_the_gpu_bars(interp_fuzz):
@@ -78,7 +69,7 @@ def test_the_fuzz_draw_on_the_triton_kernels_meets_the_gpu_bars(interp_fuzz):
 
 
 def test_the_small_draws_cover_every_input_view(interp_fuzz):
-    assert interp_fuzz["views"] == sorted(interp_fuzz["all_views"]), interp_fuzz["views"]
+    assert interp_fuzz["views"] == sorted(fc.VIEWS), interp_fuzz["views"]
 
 
 if __name__ == "__main__" and "--worker" in sys.argv:
