@@ -49,13 +49,12 @@ if [ -n "$WHEEL" ]; then
 fi
 cd /tmp   # import the installed wheel, not the source tree
 REPO=$OLDPWD
+xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")  # the pytest steps: parallel Triton compiles
 for step in $STEPS; do
   case $step in
-    tests) xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")  # parallel Triton compiles
-           t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
+    tests) t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
     fuzz)  # the fuzz tier alone on the draw FUZZ_SEED / FUZZ_CASES name (tests/gpu/fuzz_cases.py's
            # SAGE_FUZZ_SEED / SAGE_FUZZ_CASES, set for this step only: the tests step keeps the default)
-           xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")
            echo "fuzz draw: SAGE_FUZZ_SEED=${FUZZ_SEED:-} SAGE_FUZZ_CASES=${FUZZ_CASES:-} (empty: the default)" | tee "$S/fuzz_draw.txt"
            SAGE_FUZZ_SEED=${FUZZ_SEED:-} SAGE_FUZZ_CASES=${FUZZ_CASES:-} t fuzz 240 python3 -m pytest \
              "$REPO/tests/gpu/test_fuzz_gpu.py" -q -rs "${xdist[@]}" --junitxml="$S/fuzz.xml" -p no:cacheprovider ;;
