@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 from interpreter_worker import run_worker
@@ -21,7 +20,6 @@ from interpreter_worker import run_worker
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-REPO = Path(__file__).resolve().parents[2]
 
 # design.md accuracy bars for INT8 QK / FP16 PV against a high-precision SDPA.
 COS_MIN = 0.9998

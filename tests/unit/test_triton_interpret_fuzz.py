@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
-from interpreter_worker import run_worker
+from interpreter_worker import REPO, run_worker
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 import fuzz_cases as fc  # noqa: E402  (a helper of the GPU tier)
 
