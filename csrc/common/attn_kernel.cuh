@@ -24,7 +24,9 @@
 
 // CTAs per SM the register allocation must allow, per head dim (tuning knobs; 1 = no cap).
 // d=64: 3 (168 registers, 12 warps per SM instead of 8) measured +2% ("fp32") and +10% ("fp16")
-// on the H200 (benchmarks/results/h200-2026-12-03-native-712289d.log, variant e).
+// on the H200 (benchmarks/results/h200-2026-12-03-native-712289d.log, variant e); on an H100, 2
+// (213 registers, no spills, against 168 with spills) ran 0.94x "fp32" and 0.90x "fp16"
+// (benchmarks/results/h100-2026-12-07-tune-7232cd3-native.log, variant c2).
 #ifndef SAGE_MIN_CTAS_HD64
 #define SAGE_MIN_CTAS_HD64 3
 #endif
