@@ -424,3 +424,17 @@ def test_clocks_diagnostic_summarises_nvml_samples(monkeypatch):
     assert row["power_w_median"] == pytest.approx(690.0)
     assert row["reasons"] == {"sw_power_cap": 1.0}
     assert row["tops_per_ghz"] == pytest.approx(500.0 / (row["sm_mhz_median"] / 1000.0))
+
+
+def test_triton_mma_probe_names_the_mma_each_target_gets(capsys):
+    """benchmarks/triton_mma_probe.py compiles for a named target without a GPU: Hopper gets the
+    warpgroup MMA, Ampere the warp MMA the sm80 family uses (docs/kernels.md, Known limits)."""
+    pytest.importorskip("triton", reason="Triton is not installed here")
+    probe = _load("triton_mma_probe")
+    hopper, warps = probe.mma_instructions(90, 64)
+    assert warps == 4 and hopper and all(op.startswith("wgmma.mma_async") for op in hopper)
+    assert any(".s8.s8" in op for op in hopper) and any(".f16.f16" in op for op in hopper)
+    ampere, _ = probe.mma_instructions(80, 64)
+    assert ampere and all(op.startswith("mma.sync") for op in ampere)
+    assert probe.main(["--arch", "80", "--head-dim", "128"]) == 0
+    assert "sm_80 d=128 (8 warps): mma.sync" in capsys.readouterr().out
