@@ -7,12 +7,20 @@ installed Triton for each target and prints the distinct MMA instructions in its
 Hopper's warpgroup MMA, `mma.sync` the Ampere-era warp MMA that the sm80 family is written with.
 No GPU is needed: Triton compiles for a named target.
 
-    python benchmarks/triton_mma_probe.py [--arch 90 80 89] [--head-dim 64 128]
+`--no-wgmma` compiles with Triton's `DISABLE_MMA_V3=1` (and a fresh `TRITON_CACHE_DIR`: the
+variable is not part of Triton's cache key), which makes it emit `mma.sync` for sm_90 too. A GPU
+process run the same way times a Triton kernel on the warp MMA that the sm80 family uses, on the
+same card: the like-for-like bar that #4's column is not on an H200.
+
+    python benchmarks/triton_mma_probe.py [--arch 90 80 89] [--head-dim 64 128] [--no-wgmma]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
 
 
 def build_loop():
@@ -42,8 +50,28 @@ def build_loop():
     return attention_loop
 
 
-def mma_instructions(arch: int, head_dim: int) -> tuple[list[str], int]:
-    """The distinct MMA opcodes in the loop's PTX for sm_<arch>, and the warps it was built with."""
+@contextlib.contextmanager
+def warp_mma_only():
+    """Triton without its Hopper MMA lowering, in a cache of its own, for the block's duration."""
+    saved = {name: os.environ.get(name) for name in ("DISABLE_MMA_V3", "TRITON_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="triton-no-wgmma-") as cache:
+        os.environ.update(DISABLE_MMA_V3="1", TRITON_CACHE_DIR=cache)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def mma_instructions(arch: int, head_dim: int, wgmma: bool = True) -> tuple[list[str], int]:
+    """The distinct MMA opcodes in the loop's PTX for sm_<arch>, and the warps it was built with;
+    wgmma=False compiles under warp_mma_only()."""
+    if not wgmma:
+        with warp_mma_only():
+            return mma_instructions(arch, head_dim)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -67,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 80, 89],
                         help="compute capabilities as integers, e.g. 90 for sm_90 (default: 90 80 89)")
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], choices=[64, 128])
+    parser.add_argument("--no-wgmma", action="store_true",
+                        help="compile with DISABLE_MMA_V3=1 in a fresh Triton cache (warp MMA only)")
     args = parser.parse_args(argv)
     try:
         import triton
@@ -74,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: Triton is not installed (pip install triton, or a torch that brings it)",
               file=sys.stderr)
         return 2
-    print(f"Triton {triton.__version__}")
+    print(f"Triton {triton.__version__}" + (", DISABLE_MMA_V3=1" if args.no_wgmma else ""))
     for arch in args.arch:
         for head_dim in args.head_dim:
-            opcodes, warps = mma_instructions(arch, head_dim)
+            opcodes, warps = mma_instructions(arch, head_dim, wgmma=not args.no_wgmma)
             print(f"sm_{arch} d={head_dim} ({warps} warps): {', '.join(opcodes) or 'no MMA'}")
     return 0
 

@@ -438,3 +438,8 @@ def test_triton_mma_probe_names_the_mma_each_target_gets(capsys):
     assert ampere and all(op.startswith("mma.sync") for op in ampere)
     assert probe.main(["--arch", "80", "--head-dim", "128"]) == 0
     assert "sm_80 d=128 (8 warps): mma.sync" in capsys.readouterr().out
+    # without the Hopper lowering sm_90 gets the warp MMA; the setting ends with the call
+    hopper_warp, _ = probe.mma_instructions(90, 64, wgmma=False)
+    assert hopper_warp == ampere
+    assert "DISABLE_MMA_V3" not in os.environ
+    assert probe.mma_instructions(90, 64) == (hopper, 4)
