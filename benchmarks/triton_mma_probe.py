@@ -7,10 +7,10 @@ installed Triton for each target and prints the distinct MMA instructions in its
 Hopper's warpgroup MMA, `mma.sync` the Ampere-era warp MMA that the sm80 family is written with.
 No GPU is needed: Triton compiles for a named target.
 
-`--no-wgmma` compiles with Triton's `DISABLE_MMA_V3=1` (and a fresh `TRITON_CACHE_DIR`: the
-variable is not part of Triton's cache key), which makes it emit `mma.sync` for sm_90 too. A GPU
-process run the same way times a Triton kernel on the warp MMA that the sm80 family uses, on the
-same card: the like-for-like bar that #4's column is not on an H200.
+`--no-wgmma` compiles with Triton's `DISABLE_MMA_V3=1`, which makes it emit `mma.sync` for sm_90
+too (the variable is part of Triton's cache key, so cached kernels do not mix). A GPU process run
+with it times a Triton kernel on the warp MMA that the sm80 family uses, on the same card: the
+like-for-like bar that #4's column is not on an H200.
 
     python benchmarks/triton_mma_probe.py [--arch 90 80 89] [--head-dim 64 128] [--no-wgmma]
 """
@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import os
 import sys
-import tempfile
 
 
 def build_loop():
@@ -52,18 +51,16 @@ def build_loop():
 
 @contextlib.contextmanager
 def warp_mma_only():
-    """Triton without its Hopper MMA lowering, in a cache of its own, for the block's duration."""
-    saved = {name: os.environ.get(name) for name in ("DISABLE_MMA_V3", "TRITON_CACHE_DIR")}
-    with tempfile.TemporaryDirectory(prefix="triton-no-wgmma-") as cache:
-        os.environ.update(DISABLE_MMA_V3="1", TRITON_CACHE_DIR=cache)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    """Triton without its Hopper MMA lowering, for the block's duration."""
+    saved = os.environ.get("DISABLE_MMA_V3")
+    os.environ["DISABLE_MMA_V3"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DISABLE_MMA_V3")
+        else:
+            os.environ["DISABLE_MMA_V3"] = saved
 
 
 def mma_instructions(arch: int, head_dim: int, wgmma: bool = True) -> tuple[list[str], int]:
@@ -96,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="compute capabilities as integers, e.g. 90 for sm_90 (default: 90 80 89)")
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], choices=[64, 128])
     parser.add_argument("--no-wgmma", action="store_true",
-                        help="compile with DISABLE_MMA_V3=1 in a fresh Triton cache (warp MMA only)")
+                        help="compile with DISABLE_MMA_V3=1 (warp MMA only)")
     args = parser.parse_args(argv)
     try:
         import triton
