@@ -17,9 +17,9 @@ like-for-like bar that #4's column is not on an H200.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
+from unittest import mock
 
 
 def build_loop():
@@ -49,25 +49,11 @@ def build_loop():
     return attention_loop
 
 
-@contextlib.contextmanager
-def warp_mma_only():
-    """Triton without its Hopper MMA lowering, for the block's duration."""
-    saved = os.environ.get("DISABLE_MMA_V3")
-    os.environ["DISABLE_MMA_V3"] = "1"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("DISABLE_MMA_V3")
-        else:
-            os.environ["DISABLE_MMA_V3"] = saved
-
-
 def mma_instructions(arch: int, head_dim: int, wgmma: bool = True) -> tuple[list[str], int]:
     """The distinct MMA opcodes in the loop's PTX for sm_<arch>, and the warps it was built with;
-    wgmma=False compiles under warp_mma_only()."""
+    wgmma=False compiles with DISABLE_MMA_V3=1 (Triton without its Hopper MMA lowering)."""
     if not wgmma:
-        with warp_mma_only():
+        with mock.patch.dict(os.environ, {"DISABLE_MMA_V3": "1"}):
             return mma_instructions(arch, head_dim)
     import triton
     from triton.backends.compiler import GPUTarget
