@@ -4,7 +4,8 @@ design.md's "upstream 1.0.6 Triton" column (issue #4's bar for the sm80 family) 
 H200. This compiles a loop of that shape (INT8 Q.K^T, exp2, P.V in fp16 with each 64-key block
 accumulated in fp16 and added into fp32; 128 query rows; 4 warps at d=64, 8 at d=128) with the
 installed Triton for each target and prints the distinct MMA instructions in its PTX: `wgmma` is
-Hopper's warpgroup MMA, `mma.sync` the Ampere-era warp MMA that the sm80 family is written with.
+Hopper's warpgroup MMA, `mma.sync` the Ampere-era warp MMA that the sm80 family is written with,
+`tcgen05.mma` Blackwell's.
 No GPU is needed: Triton compiles for a named target.
 
 `--no-wgmma` compiles with Triton's `DISABLE_MMA_V3=1`, which makes it emit `mma.sync` for sm_90
@@ -20,6 +21,9 @@ import argparse
 import os
 import sys
 from unittest import mock
+
+# PTX opcodes of the tensor-core MMA families (a predicate such as "@%p9" may come first)
+MMA_OPCODES = ("mma.sync", "wgmma.mma_async", "tcgen05.mma")
 
 
 def build_loop():
@@ -67,20 +71,35 @@ def mma_instructions(arch: int, head_dim: int, wgmma: bool = True) -> tuple[list
         constexprs={"D": head_dim, "BLOCK_M": 128, "BLOCK_N": 64})
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": warps, "num_stages": 3})
-    opcodes = {line.split()[0] for line in compiled.asm["ptx"].splitlines()
-               if line.strip().startswith(("wgmma.mma_async", "mma.sync"))}
-    return sorted(opcodes), warps
+    return sorted(mma_opcodes(compiled.asm["ptx"])), warps
+
+
+def mma_opcodes(ptx: str) -> set[str]:
+    """The distinct MMA opcodes in PTX text, predicated instructions included."""
+    opcodes = set()
+    for line in ptx.splitlines():
+        words = line.split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if words and words[0].startswith(MMA_OPCODES):
+            opcodes.add(words[0])
+    return opcodes
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="Prints one line per target and head dim.")
+                                     epilog="Prints one line per target and head dim. Exit status: "
+                                     "0 every target compiled; 2 Triton missing, bad arguments, or "
+                                     "a target Triton cannot compile the loop for.")
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 80, 89],
                         help="compute capabilities as integers, e.g. 90 for sm_90 (default: 90 80 89)")
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], choices=[64, 128])
     parser.add_argument("--no-wgmma", action="store_true",
                         help="compile with DISABLE_MMA_V3=1 (warp MMA only)")
     args = parser.parse_args(argv)
+    if min(args.arch) < 80:  # Triton's MLIR passes would fail, after pages of IR on stderr
+        parser.error(f"--arch {min(args.arch)}: the loop's int8 tl.dot needs sm_80 or newer "
+                     "(give 80, 86, 89, 90, 100, ...)")
     try:
         import triton
     except ImportError:
@@ -90,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Triton {triton.__version__}" + (", DISABLE_MMA_V3=1" if args.no_wgmma else ""))
     for arch in args.arch:
         for head_dim in args.head_dim:
-            opcodes, warps = mma_instructions(arch, head_dim, wgmma=not args.no_wgmma)
+            try:
+                opcodes, warps = mma_instructions(arch, head_dim, wgmma=not args.no_wgmma)
+            except Exception as error:  # Triton's refusals are RuntimeErrors and others
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+                print(f"error: Triton {triton.__version__} cannot compile the loop for sm_{arch} "
+                      f"d={head_dim}: {reason}", file=sys.stderr)
+                return 2
             print(f"sm_{arch} d={head_dim} ({warps} warps): {', '.join(opcodes) or 'no MMA'}")
     return 0
 

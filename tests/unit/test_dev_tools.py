@@ -443,3 +443,23 @@ def test_triton_mma_probe_names_the_mma_each_target_gets(capsys):
     assert hopper_warp == ampere
     assert "DISABLE_MMA_V3" not in os.environ
     assert probe.mma_instructions(90, 64) == (hopper, 4)
+
+
+def test_triton_mma_probe_reads_predicated_and_blackwell_mma_and_refuses_old_targets(capsys):
+    """Blackwell's tcgen05.mma comes predicated ("@%p9 ..."): it must count, not read as "no MMA";
+    a target without int8 tl.dot is refused by name before Triton prints pages of IR."""
+    probe = _load("triton_mma_probe")
+    ptx = """
+    @%p9 tcgen05.mma.cta_group::1.kind::i8 [ %r768 + 0 ], %rd172, %rd173, %r1, %p2;
+    	wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16 {%r1}, %rd97, %rd98, 0, 1, 1, 0, 1;
+    mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 { %r121, %r122 }, { %r97 }, { %r101 }, { %r121 };
+    // mma.sync in a comment
+    ld.shared.u32 %r5, [%r6];
+    """
+    assert probe.mma_opcodes(ptx) == {"tcgen05.mma.cta_group::1.kind::i8",
+                                      "wgmma.mma_async.sync.aligned.m64n64k16.f16.f16.f16",
+                                      "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16"}
+    with pytest.raises(SystemExit) as refused:
+        probe.main(["--arch", "90", "75"])
+    assert refused.value.code == 2
+    assert "--arch 75" in capsys.readouterr().err
