@@ -13,7 +13,7 @@ too (the variable is part of Triton's cache key, so cached kernels do not mix). 
 with it times a Triton kernel on the warp MMA that the sm80 family uses, on the same card: the
 like-for-like bar that #4's column is not on an H200.
 
-    python benchmarks/triton_mma_probe.py [--arch 90 80 89] [--head-dim 64 128] [--no-wgmma]
+    python benchmarks/triton_mma_probe.py [--arch 90 80 86 89] [--head-dim 64 128] [--no-wgmma]
 """
 from __future__ import annotations
 
@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                                      epilog="Prints one line per target and head dim. Exit status: "
                                      "0 every target compiled; 2 Triton missing, bad arguments, or "
                                      "a target Triton cannot compile the loop for.")
-    parser.add_argument("--arch", type=int, nargs="+", default=[90, 80, 89],
-                        help="compute capabilities as integers, e.g. 90 for sm_90 (default: 90 80 89)")
+    parser.add_argument("--arch", type=int, nargs="+", default=[90, 80, 86, 89],
+                        help="compute capabilities as integers, e.g. 90 for sm_90 (default: 90 80 86 89)")
     parser.add_argument("--head-dim", type=int, nargs="+", default=[64, 128], choices=[64, 128])
     parser.add_argument("--no-wgmma", action="store_true",
                         help="compile with DISABLE_MMA_V3=1 (warp MMA only)")
