@@ -13,7 +13,9 @@ timed forced. The JSON carries the environment (GPU, capability, torch, Triton, 
 Every timing is end to end (quantization included), on the same inputs, in this one process: the
 median of many runs (``triton.testing.do_bench``, or CUDA events when Triton is absent).
 TOPS = 4*b*h*n*n*d / time, halved for causal attention. These are attention microbenchmarks,
-not end-to-end application speed-ups.
+not end-to-end application speed-ups. The run (and ``--render``'s table) ends with the speed goals
+judged from its own figures (``sageattention.speed_goals``: met, not met, or not evaluated where the
+run lacks the cases a goal needs).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import speed_goals
 from .cases import DTYPES, Case  # noqa: F401  (DTYPES is re-exported: the benchmark's vocabulary)
+# design.md's upstream 1.0.6 Triton column, re-exported for the tables and the tuning scripts
+from .speed_goals import UPSTREAM_106_TRITON_TOPS
 
 # b x h x n x d of design.md's case set; each in fp16 and bf16, causal and not: 20 cases.
 STANDARD_SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64),
@@ -56,16 +61,6 @@ def grid_cases(*, dtypes, batches, heads, seq_lens, head_dims, causal, kv_lens=(
     """The product of the lists; kv_lens None: keys as many as queries."""
     return [Case(dt, b, h, n, d, c, kv) for dt in dtypes for b in batches for h in heads
             for n in seq_lens for kv in kv_lens for d in head_dims for c in causal]
-
-
-# ../shared/design.md, "Baselines measured on the H200": upstream SageAttention 1.0.6's Triton
-# kernel, fp16 TOPS end to end, keyed (b, h, n, d, causal). The speed bar of the kernels issue.
-UPSTREAM_106_TRITON_TOPS = {
-    (4, 32, 4096, 128, False): 379, (4, 32, 4096, 128, True): 310,
-    (1, 32, 16384, 128, False): 431, (1, 32, 16384, 128, True): 402,
-    (4, 32, 4096, 64, False): 358, (1, 32, 16384, 64, False): 403,
-    (8, 32, 1024, 128, False): 242, (8, 32, 1024, 128, True): 154,
-}
 
 
 def tops(case: Case, ms: float) -> float:
@@ -401,6 +396,7 @@ def markdown(doc: dict, *, source: str) -> str:
     lines += ["", f"Geometric mean speed-up of `sageattn` vs SDPA: {num(g, '.3f')}x"]
     for n, value in (perf.get("geomean_speedup_vs_sdpa_by_backend") or {}).items():
         lines.append(f"- {n}: {num(value, '.3f')}x")
+    lines += [""] + speed_goals.section(perf, env.get("gpu_name", doc.get("gpu_name")))
     return "\n".join(lines) + "\n"
 
 
@@ -641,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"geometric mean speed-up vs SDPA: {g:.3f}x" if g else "geometric mean: n/a")
     for name, value in result["geomean_speedup_vs_sdpa_by_backend"].items():
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
+    print("\n".join(speed_goals.section(result, torch.cuda.get_device_name(device))))
     doc = document(result, device) if args.json or args.markdown else None
     if args.json:
         write_output(args.json, json.dumps(doc, indent=2))
