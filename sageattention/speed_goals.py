@@ -124,10 +124,13 @@ def _hopper(rows: dict) -> list[Verdict]:
     outside = []
     for k, r in measured.items():
         bar = bar_for(r.get("backend"))
-        if not Errors(**r["accuracy"]).within(bar):
-            a = r["accuracy"]
-            outside.append(f"{_name(k)} [{r.get('backend')}] cosine {_figure(a['cosine'], '.5f')}, "
-                           f"relative L1 {_figure(a['rel_l1'], '.4f')} (bar {bar.min_cosine} / {bar.max_rel_l1})")
+        a = r["accuracy"]
+        figures = [a.get("cosine"), a.get("rel_l1"), a.get("max_abs")]
+        errs = Errors(*(x if isinstance(x, (int, float)) else float("nan") for x in figures),
+                      finite=bool(a.get("finite", all(isinstance(x, (int, float)) for x in figures))))
+        if not errs.within(bar):
+            outside.append(f"{_name(k)} [{r.get('backend')}] cosine {_figure(a.get('cosine'), '.5f')}, "
+                           f"relative L1 {_figure(a.get('rel_l1'), '.4f')} (bar {bar.min_cosine} / {bar.max_rel_l1})")
     if outside:
         verdicts.append(Verdict(goal, NOT_MET, f"{len(outside)} outside: {_listing(outside, 2)}"))
     elif len(measured) == len(needed):

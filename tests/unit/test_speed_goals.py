@@ -78,6 +78,13 @@ def test_accuracy_is_held_to_the_bar_of_the_path_that_ran():
     v = _by_goal(speed_goals.evaluate(_perf(rows)), "every standard case's output")
     assert v.status == NOT_MET and v.detail.startswith("2 outside")
     assert rows[0]["name"] in v.detail and "not finite" in v.detail
+    # a stored result without the "finite" flag: judged from its figures
+    rows = [_row(c, accuracy={k: GOOD[k] for k in ("cosine", "rel_l1", "max_abs")})
+            for c in benchmark.standard_cases()]
+    assert _by_goal(speed_goals.evaluate(_perf(rows)), "every standard case's output").status == MET
+    rows[2]["accuracy"] = {"rel_l1": 0.01}  # no cosine: not within any bar
+    v = _by_goal(speed_goals.evaluate(_perf(rows)), "every standard case's output")
+    assert v.status == NOT_MET and "cosine not finite" in v.detail
 
 
 def test_the_sm80_goal_per_mode_against_the_upstream_column():
