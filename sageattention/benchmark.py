@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from . import speed_goals
 from .cases import DTYPES, Case  # noqa: F401  (DTYPES is re-exported: the benchmark's vocabulary)
 # design.md's upstream 1.0.6 Triton column, re-exported for the tables and the tuning scripts
-from .speed_goals import UPSTREAM_106_TRITON_TOPS
+from .speed_goals import UPSTREAM_106_TRITON_TOPS  # noqa: F401
 
 # b x h x n x d of design.md's case set; each in fp16 and bf16, causal and not: 20 cases.
 STANDARD_SHAPES = ((4, 32, 4096, 128), (1, 32, 16384, 128), (4, 32, 4096, 64),
@@ -380,9 +380,7 @@ def markdown(doc: dict, *, source: str) -> str:
         "|---|---|---|" + "---|" * len(names) + "---|",
     ]
     for c in cases:
-        key = (c.get("batch"), c.get("heads"), c.get("seq_len"), c.get("head_dim"), c.get("causal"))
-        upstream = UPSTREAM_106_TRITON_TOPS.get(key) \
-            if c.get("dtype") == "fp16" and c.get("kv_len") is None else None
+        upstream = speed_goals.upstream_tops(c)
         cells = [c["name"], num(c.get("sdpa_tops")),
                  f"{num(c.get('sageattn_tops'))} ({num(c.get('speedup_vs_sdpa'), '.2f')}x) "
                  f"[{c.get('backend') or '-'}]"]

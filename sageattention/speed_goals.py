@@ -74,9 +74,9 @@ def _listing(items: list[str], limit: int = 4) -> str:
     return ", ".join(items[:limit]) + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _missing(needed: list[tuple], have) -> str:
+def _missing(needed: list[tuple], have, lacking: str = "not timed") -> str:
     missing = [_name(k) for k in needed if k not in have]
-    return f"{len(missing)} of its {len(needed)} cases not timed in this run: {_listing(missing)}"
+    return f"{len(missing)} of its {len(needed)} cases {lacking} in this run: {_listing(missing)}"
 
 
 def _figure(x, fmt: str) -> str:
@@ -125,10 +125,7 @@ def _hopper(rows: dict) -> list[Verdict]:
     for k, r in measured.items():
         bar = bar_for(r.get("backend"))
         a = r["accuracy"]
-        figures = [a.get("cosine"), a.get("rel_l1"), a.get("max_abs")]
-        errs = Errors(*(x if isinstance(x, (int, float)) else float("nan") for x in figures),
-                      finite=bool(a.get("finite", all(isinstance(x, (int, float)) for x in figures))))
-        if not errs.within(bar):
+        if not Errors.from_dict(a).within(bar):
             outside.append(f"{_name(k)} [{r.get('backend')}] cosine {_figure(a.get('cosine'), '.5f')}, "
                            f"relative L1 {_figure(a.get('rel_l1'), '.4f')} (bar {bar.min_cosine} / {bar.max_rel_l1})")
     if outside:
@@ -138,15 +135,24 @@ def _hopper(rows: dict) -> list[Verdict]:
         verdicts.append(Verdict(goal, MET, f"lowest cosine {worst['accuracy']['cosine']:.5f}, highest "
                                 f"relative L1 {max(r['accuracy']['rel_l1'] for r in measured.values()):.4f}"))
     else:
-        verdicts.append(Verdict(goal, NOT_EVALUATED, _missing(needed, measured)
-                                .replace("not timed", "without an accuracy figure")))
+        verdicts.append(Verdict(goal, NOT_EVALUATED,
+                                _missing(needed, measured, "without an accuracy figure")))
     return verdicts
 
 
+def upstream_tops(row: dict) -> int | None:
+    """design.md's upstream 1.0.6 Triton TOPS for a benchmark row's case, None where the column
+    has none (bf16, cross-attention, other shapes)."""
+    key = case_key(row)
+    return UPSTREAM_106_TRITON_TOPS.get(key[1:]) if key and key[0] == "fp16" else None
+
+
 def _sm80(rows: dict) -> list[Verdict]:
+    from .benchmark import split_timed_name
+
     needed = [("fp16", b, h, n, d, c) for (b, h, n, d, c) in UPSTREAM_106_TRITON_TOPS]
     timed_names = sorted({name for r in rows.values() for name in r.get("backends", {})
-                          if name.split("@")[0] == SM80_BACKEND})
+                          if split_timed_name(name)[0] == SM80_BACKEND})
     verdicts = []
     for name in timed_names:
         goal = f"`{name}` >= upstream 1.0.6 Triton on each of its {len(needed)} fp16 cases"

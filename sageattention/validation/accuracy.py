@@ -50,6 +50,15 @@ class Errors:
         return {"cosine": _finite_or_none(self.cosine), "rel_l1": _finite_or_none(self.rel_l1),
                 "max_abs": _finite_or_none(self.max_abs), "finite": self.finite}
 
+    @classmethod
+    def from_dict(cls, stored: dict) -> Errors:
+        """as_dict's inverse, for stored results: a missing or None figure reads as NaN (within no
+        bar), and a result without the "finite" flag is finite when all three figures are numbers."""
+        figures = [stored.get(name) for name in ("cosine", "rel_l1", "max_abs")]
+        numbers = [isinstance(x, (int, float)) for x in figures]
+        return cls(*(x if ok else float("nan") for x, ok in zip(figures, numbers)),
+                   finite=bool(stored.get("finite", all(numbers))))
+
 
 def _finite_or_none(x: float) -> float | None:
     return x if math.isfinite(x) else None

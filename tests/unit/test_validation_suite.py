@@ -21,7 +21,7 @@ from sageattention import backends, benchmark
 from sageattention.validation import CHECK_NAMES, CHECKS, run_suite, suite
 from sageattention.validation import profile as profile_module
 from sageattention.validation import __main__ as cli
-from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, bar_for, errors
+from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, Errors, bar_for, errors
 from sageattention.validation.api import Api
 from sageattention.validation.expectation import NoNativeCode, expect, parse_target
 from sageattention.validation.profile import Profile
@@ -502,6 +502,9 @@ def test_error_figures():
     e = errors(bad, ref)
     assert not e.finite and not e.within(FP16_PV_BAR)
     assert e.as_dict()["cosine"] is None  # JSON-safe
+    assert Errors.from_dict(same.as_dict()) == same  # a stored figure reads back as it was
+    back = Errors.from_dict(e.as_dict())
+    assert not back.finite and not back.within(FP16_PV_BAR)
     with pytest.raises(ValueError, match="shape"):
         errors(ref[:2], ref)
 
