@@ -11,11 +11,13 @@
 # breakdown (CUDA time per kernel of one native call: BREAKDOWN_LABELS, BREAKDOWN_CASES; then the
 # ATen mean and aminmax over tokens on the same cases, gpu_dev_profile.py aten-stats),
 # calibrate (python -m sageattention.calibrate), table (ship what calibrate measured: rebuild the
-# table from its raw JSON under benchmarks/results/ and rebuild + reinstall the wheel), validate
+# table from its raw JSON under benchmarks/results/ into sageattention/calibration/$TABLE_FILE,
+# default sm90.json, e.g. TABLE_FILE=sm90-nvidia-h200.json for that GPU model's own, and rebuild +
+# reinstall the wheel), validate
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
 # installs it into a folder of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
 # power and clock-event reasons per backend under load, benchmarks/gpu_dev_clocks.py CLOCKS_ARGS).
-# Environment: OUT, STEPS, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
+# Environment: OUT, STEPS, TABLE_FILE, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
@@ -74,8 +76,8 @@ for step in $STEPS; do
            cd "$REPO"
            cp "$S/calibration-benchmark.json" "$src" &&
              t table 60 python3 -m sageattention.calibrate --from-benchmark "$src" \
-               --out sageattention/calibration/sm90.json &&
-             cp sageattention/calibration/sm90.json "$S/" && rm -rf "$S/wheel" &&
+               --out "sageattention/calibration/${TABLE_FILE:-sm90.json}" &&
+             cp "sageattention/calibration/${TABLE_FILE:-sm90.json}" "$S/" && rm -rf "$S/wheel" &&
              t rebuild 200 python3 -m scripts.factory build --cell "$CELL" --no-repair --out "$S/wheel" &&
              WHEEL=$(ls "$S"/wheel/*.whl | head -n 1) &&
              t reinstall 60 python3 -m pip install --no-deps --no-index --force-reinstall "$WHEEL"

@@ -32,11 +32,12 @@ def _environment() -> dict:
     return env
 
 
-def dispatch_summary(capability: tuple[int, int]) -> str:
-    """How plain sageattn picks backends on a GPU of this capability: calibration table or order."""
+def dispatch_summary(capability: tuple[int, int], gpu_name: str | None = None) -> str:
+    """How plain sageattn picks backends on a GPU of this capability and name: calibration table
+    (that GPU model's, else the capability's) or order."""
     from . import backends, dispatch
     try:
-        table = dispatch.calibration_for(capability)
+        table = dispatch.calibration_for(capability, gpu_name=gpu_name)
     except ValueError as exc:  # a bad SAGEATTENTION_CALIBRATION value
         return f"error: {exc}"
     if table is not None:
@@ -69,7 +70,7 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
         if how:
             lines.append(f"cuda:{gpu['index']} {gpu['name']} (sm{cap[0]}{cap[1]}): runs "
                          f"this build's {how}")
-            lines.append(f"cuda:{gpu['index']} sageattn dispatch: {dispatch_summary(cap)}")
+            lines.append(f"cuda:{gpu['index']} sageattn dispatch: {dispatch_summary(cap, gpu['name'])}")
         else:
             ok = False
             lines.append("MISMATCH: " + guard.device_problem(

@@ -333,7 +333,7 @@ def document(result: dict, device) -> dict:
     from sageattention.validation.environment import capture
 
     env = capture(device)
-    table = dispatch.calibration_for(dispatch.device_capability(device))
+    table = dispatch.calibration_for(dispatch.device_capability(device), gpu_name=dispatch.device_name(device))
     return {**result, "gpu_name": env["gpu_name"], "torch": env["torch"], "environment": env,
             "dispatch_calibration": table.source if table is not None else None}
 

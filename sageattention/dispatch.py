@@ -176,6 +176,19 @@ def device_capability(device: torch.device) -> tuple[int, int] | None:
     return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.lru_cache(maxsize=None)
+def _device_name(device_index: int) -> str:
+    return torch.cuda.get_device_name(device_index)
+
+
+def device_name(device: torch.device) -> str | None:
+    """torch's name of a CUDA device ("NVIDIA H200"), which picks a GPU model's calibration table;
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return _device_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
 # --- forcing --------------------------------------------------------------------------------
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("sageattention_forced", default=None)
@@ -256,7 +269,8 @@ def use_calibration(enabled: bool):
 
 def _calibration_setting(env=None) -> tuple[bool, str | None]:
     """(enabled, user table path or None) from SAGEATTENTION_CALIBRATION: on (default), off, or the
-    path of a table file or of a folder of sm<major><minor>.json tables (your own measurements)."""
+    path of a table file or of a folder of tables named as the package's, sm<major><minor>.json or
+    sm<major><minor>-<model>.json (your own measurements)."""
     raw = (os.environ if env is None else env).get(CALIBRATION_ENV_VAR, "")
     value = raw.strip()
     if value.lower() in CALIBRATION_VALUES or not value:
@@ -282,14 +296,17 @@ def calibration_enabled(env=None) -> bool:
     return _calibration_state(env)[0]
 
 
-def calibration_for(capability: tuple[int, int] | None, env=None) -> calibration.Table | None:
-    """The calibration table the default dispatch uses on a GPU of this capability: the one under
-    SAGEATTENTION_CALIBRATION=PATH if it has one for this GPU, else the packaged one; None on CPU,
-    when disabled, or when there is no (usable) table for exactly this capability."""
+def calibration_for(capability: tuple[int, int] | None, env=None, *,
+                    gpu_name: str | None = None) -> calibration.Table | None:
+    """The calibration table the default dispatch uses on a GPU of this capability and name
+    (`device_name`; None: the capability's table only): the one under SAGEATTENTION_CALIBRATION=PATH
+    if it has one for this GPU, else the packaged one, a table of that GPU model before the
+    capability's; None on CPU, when disabled, or when there is no (usable) table for exactly this
+    capability."""
     enabled, user_path = _calibration_state(env)  # one read of the variable per call
     if not enabled or capability is None:
         return None
-    return calibration.for_capability(tuple(capability), user_path)
+    return calibration.for_gpu(tuple(capability), gpu_name, user_path)
 
 
 # --- last backend (thread-local) ------------------------------------------------------------
@@ -426,7 +443,7 @@ def choose(req: Request, inv: Inventory, *, candidates: tuple[str, ...] | None =
            calibration: calibration.Table | None = None) -> BackendChoice:
     """Pick the backend for one call (see _choose); choices are cached, the rule is pure.
 
-    calibration: the GPU's calibration table (`calibration_for(req.capability)`; None: the static
+    calibration: the GPU's calibration table (`calibration_for(req.capability, gpu_name=...)`; None: the static
     order). Only the default `sageattn` path consults it; forcing and the kernel-specific functions
     (candidates given, no fallback) ignore it.
     """
@@ -602,7 +619,8 @@ def choose_for_call(call: AttnCall, *, candidates=None, allow_fallback=True,
     inv = current_inventory(call.problem.device)
     forced = forced_backend()
     # Only the default path reads the table (and SAGEATTENTION_CALIBRATION); choose() enforces it too.
-    table = calibration_for(req.capability) if _default_path(candidates, allow_fallback, forced) else None
+    table = (calibration_for(req.capability, gpu_name=device_name(call.problem.device))
+             if _default_path(candidates, allow_fallback, forced) else None)
     return choose(req, inv, candidates=candidates, allow_fallback=allow_fallback, forced=forced,
                   calibration=table)
 

@@ -1,8 +1,11 @@
 """Calibration tables: measured milliseconds of each backend on a grid of shapes, per GPU capability.
 
 `sm<major><minor>.json` in this package is the table for GPUs of exactly that compute capability,
-written from real measurements by `python -m sageattention.calibrate` (its `_generated` line says
-how to regenerate it). The dispatcher reads it to pick, for a call's shape, the backend that was
+and `sm<major><minor>-<model>.json` (e.g. `sm90-nvidia-h200.json`, `model_slug` of the GPU's name)
+one for a single GPU model of it, which that model reads instead: cards of one capability differ in
+memory bandwidth and clocks, so SDPA's speed against ours does too. Each is written from real
+measurements by `python -m sageattention.calibrate` (its `_generated` line says how to regenerate
+it). The dispatcher reads it to pick, for a call's shape, the backend that was
 measured fastest, SDPA included. This module owns the format: validating a table, finding the
 entry nearest to a shape, and writing a table. Loading for the dispatcher never raises: a missing
 file means "no calibration"; a broken one is logged once and the static order is used.
@@ -25,6 +28,7 @@ import functools
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,7 +37,7 @@ from ..backends import BACKEND_NAMES
 from ..cases import DTYPES, Case
 
 __all__ = ["SCHEMA_VERSION", "CalibrationError", "Entry", "Table", "dtype_name", "dumps", "file_name",
-           "for_capability", "load", "parse"]
+           "clear_cache", "for_gpu", "load", "model_slug", "parse", "parse_file_name"]
 
 SCHEMA_VERSION = 1
 # Top-level keys, in the order a written table lists them (after "_generated").
@@ -80,7 +84,7 @@ class Entry:
 class Table:
     """A validated calibration table."""
 
-    label: str            # "sm90": how reasons name the table
+    label: str            # "sm90" or "sm90-nvidia-h200": how reasons name the table
     source: str           # the file it was read from (or what the caller passed)
     capability: tuple[int, int]
     gpu_name: str
@@ -216,7 +220,7 @@ def load(path, *, label: str | None = None) -> Table:
     return parse(data, source=str(path), label=label)
 
 
-# --- the dispatcher's view: one table per capability, never an exception ------------------------
+# --- the dispatcher's view: one table per GPU model or capability, never an exception ---------------
 
 _DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
@@ -226,9 +230,30 @@ def dtype_name(dtype) -> str | None:
     return _DTYPE_NAMES.get(dtype)
 
 
-def file_name(capability: tuple[int, int]) -> str:
-    """The package file holding the table for GPUs of this capability: (9, 0) -> "sm90.json"."""
-    return f"sm{capability[0]}{capability[1]}.json"
+def model_slug(gpu_name: str) -> str:
+    """A GPU's name as a file name part: "NVIDIA H200" -> "nvidia-h200" (lower case, each run of
+    other characters than letters and digits one "-")."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"GPU name {gpu_name!r} has no letters or digits to name a table after")
+    return slug
+
+
+def file_name(capability, gpu_name: str | None = None) -> str:
+    """The package file holding the table for GPUs of this capability, (9, 0) -> "sm90.json", or with
+    `gpu_name` the one for that GPU model alone: (9, 0), "NVIDIA H200" -> "sm90-nvidia-h200.json"."""
+    base = f"sm{capability[0]}{capability[1]}"
+    return f"{base}.json" if gpu_name is None else f"{base}-{model_slug(gpu_name)}.json"
+
+
+_FILE_NAME = re.compile(r"sm(\d+)(\d)(?:-([a-z0-9]+(?:-[a-z0-9]+)*))?\.json")
+
+
+def parse_file_name(name: str) -> tuple[tuple[int, int], str | None] | None:
+    """file_name's inverse: "sm90.json" -> ((9, 0), None), "sm90-nvidia-h200.json" -> ((9, 0),
+    "nvidia-h200"), None for a name of neither form."""
+    match = _FILE_NAME.fullmatch(name)
+    return ((int(match[1]), int(match[2])), match[3]) if match else None
 
 
 def tables_folder():
@@ -236,19 +261,25 @@ def tables_folder():
     return resources.files(__name__)
 
 
+@functools.lru_cache(maxsize=None)  # one Table object per file: tables are compared by identity
 def _usable(resource, capability: tuple[int, int], *, label: str | None = None,
-            named_for_capability: bool = True) -> Table | None:
-    """The table in ``resource`` if it is for GPUs of ``capability``; None when it is for another
-    GPU (a file given by path) or broken (logged once as a warning: a bad table must never break a
-    sageattn call; the dispatcher then uses the next table or the static order)."""
+            named: bool = True) -> Table | None:
+    """The table in ``resource`` if it is for GPUs of ``capability`` (and, for a file named after a
+    GPU model, of that model); None when it is for another GPU (a file given by path) or broken
+    (logged once as a warning: a bad table must never break a sageattn call; the dispatcher then
+    uses the next table or the static order)."""
     try:
         table = load(resource, label=label)
-        if table.capability == tuple(capability):
-            return table
-        if named_for_capability:
+        if not named:
+            return table if table.capability == tuple(capability) else None
+        capability_named, slug = parse_file_name(resource.name)
+        if table.capability != capability_named:
             raise CalibrationError(f"calibration table {resource}: capability: {list(table.capability)} "
-                                   f"does not match the file name {file_name(capability)}")
-        return None
+                                   f"does not match the file name {resource.name}")
+        if slug is not None and model_slug(table.gpu_name) != slug:
+            raise CalibrationError(f"calibration table {resource}: gpu_name: {table.gpu_name!r} does not "
+                                   f"match the file name {resource.name}")
+        return table
     except Exception as exc:  # noqa: BLE001
         logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen by the "
                        "next table or the static preference order", resource, exc)
@@ -256,27 +287,44 @@ def _usable(resource, capability: tuple[int, int], *, label: str | None = None,
 
 
 @functools.lru_cache(maxsize=None)
-def for_capability(capability: tuple[int, int], user_path: str | None = None) -> Table | None:
-    """The table for GPUs of exactly this capability, or None (not calibrated, or broken).
+def for_gpu(capability: tuple[int, int], gpu_name: str | None = None,
+            user_path: str | None = None) -> Table | None:
+    """The table for a GPU of exactly this capability named ``gpu_name`` (torch's device name), or
+    None (not calibrated, or broken). A table measured on that GPU model
+    (``file_name(capability, gpu_name)``) wins over the capability's (``file_name(capability)``).
 
     ``user_path`` (SAGEATTENTION_CALIBRATION=PATH): a table file, used for the GPUs of its own
-    capability, or a folder holding ``sm<major><minor>.json``; it wins over the packaged table,
-    which serves when the path has none for this GPU."""
-    name = file_name(capability)
+    capability, or a folder holding tables named as the package's; it wins over the packaged
+    tables, which serve when the path has none for this GPU. Cached: clear_cache() forgets."""
+    capability = tuple(capability)
+    names = [file_name(capability)]
+    if gpu_name is not None and re.search(r"[A-Za-z0-9]", gpu_name):
+        names.insert(0, file_name(capability, gpu_name))
     if user_path is not None:
         path = Path(user_path)
         if path.is_dir():
-            if (path / name).is_file():
-                table = _usable(path / name, capability, label=f"{name[:-5]} from {path / name}")
-                if table is not None:
-                    return table
+            for name in names:
+                if (path / name).is_file():
+                    table = _usable(path / name, capability, label=f"{name[:-5]} from {path / name}")
+                    if table is not None:
+                        return table
         elif path.is_file():
-            table = _usable(path, capability, label=f"{name[:-5]} from {path}",
-                            named_for_capability=False)
+            table = _usable(path, capability, label=f"{names[-1][:-5]} from {path}", named=False)
             if table is not None:
                 return table
-    resource = tables_folder().joinpath(name)
-    return _usable(resource, capability) if resource.is_file() else None
+    for name in names:
+        resource = tables_folder().joinpath(name)
+        if resource.is_file():
+            table = _usable(resource, capability, label=name[:-5])
+            if table is not None:
+                return table
+    return None
+
+
+def clear_cache() -> None:
+    """Forget the tables read so far (for_gpu reads each file once per process)."""
+    for_gpu.cache_clear()
+    _usable.cache_clear()
 
 
 # --- writing ------------------------------------------------------------------------------------

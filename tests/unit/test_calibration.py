@@ -182,29 +182,75 @@ def test_dtype_names():
     assert calibration.dtype_name(torch.float32) is None
 
 
-# --- the packaged table: per capability, never an exception ----------------------------------------
+# --- the packaged tables: per GPU model or capability, never an exception ----------------------------
 
 @pytest.fixture
 def package_dir(tmp_path, monkeypatch):
-    """for_capability() reading its tables from tmp_path instead of the package folder."""
+    """for_gpu() reading its tables from tmp_path instead of the package folder."""
     monkeypatch.setattr(calibration, "tables_folder", lambda: tmp_path)
-    calibration.for_capability.cache_clear()
+    calibration.clear_cache()
     yield tmp_path
-    calibration.for_capability.cache_clear()
+    calibration.clear_cache()
 
 
 def test_no_file_means_no_calibration(package_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="sageattention"):
-        assert calibration.for_capability((9, 0)) is None
+        assert calibration.for_gpu((9, 0)) is None
+        assert calibration.for_gpu((9, 0), "NVIDIA H200") is None
     assert caplog.records == []
 
 
 def test_the_exact_capability_file_is_read(package_dir):
     (package_dir / "sm90.json").write_text(json.dumps(GOOD))
-    table = calibration.for_capability((9, 0))
+    table = calibration.for_gpu((9, 0))
     assert table.label == "sm90" and table.source.endswith("sm90.json")
-    assert calibration.for_capability((9, 0)) is table           # cached: one object, one cache key
-    assert calibration.for_capability((8, 9)) is None             # exact (major, minor) only
+    assert calibration.for_gpu((9, 0)) is table           # cached: one object, one cache key
+    assert calibration.for_gpu((8, 9)) is None             # exact (major, minor) only
+    # a GPU model without a table of its own gets its capability's
+    assert calibration.for_gpu((9, 0), "NVIDIA H200") is table
+
+
+@pytest.mark.parametrize("name,slug", [("NVIDIA H200", "nvidia-h200"),
+                                       ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+                                       ("  Tesla T4 ", "tesla-t4"), ("NVIDIA GeForce RTX 4090", "nvidia-geforce-rtx-4090"),
+                                       ("NVIDIA A100-SXM4-80GB", "nvidia-a100-sxm4-80gb")])
+def test_model_file_names_round_trip(name, slug):
+    assert calibration.model_slug(name) == slug
+    assert calibration.file_name((9, 0), name) == f"sm90-{slug}.json"
+    assert calibration.parse_file_name(f"sm90-{slug}.json") == ((9, 0), slug)
+    assert calibration.parse_file_name("sm90.json") == ((9, 0), None)
+    assert calibration.parse_file_name("sm120.json") == ((12, 0), None)
+    for other in ("sm90-.json", "sm90-H200.json", "sm90_nvidia.json", "review.json", "sm9.json"):
+        assert calibration.parse_file_name(other) is None, other
+    with pytest.raises(ValueError, match="no letters or digits"):
+        calibration.model_slug(" -- ")
+
+
+def test_a_gpu_models_own_table_wins_over_its_capabilitys(package_dir):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    (package_dir / "sm90-nvidia-h200.json").write_text(json.dumps(mutated(("gpu_name",), "NVIDIA H200")))
+    h200 = calibration.for_gpu((9, 0), "NVIDIA H200")
+    assert h200.gpu_name == "NVIDIA H200" and h200.label == "sm90-nvidia-h200"
+    assert h200.source.endswith("sm90-nvidia-h200.json")
+    # other models of that capability, and calls that do not name the GPU, get the capability's
+    for other in ("NVIDIA H100 80GB HBM3", "NVIDIA H200 NVL", None):
+        assert calibration.for_gpu((9, 0), other).source.endswith("sm90.json"), other
+    # a model's table never serves a GPU of another capability
+    assert calibration.for_gpu((8, 9), "NVIDIA H200") is None
+
+
+@pytest.mark.parametrize("data,match", [
+    (mutated(("gpu_name",), "NVIDIA H100 80GB HBM3"), r"gpu_name: 'NVIDIA H100 80GB HBM3' does not match "
+                                                      r"the file name sm90-nvidia-h200\.json"),
+    (mutated(("capability",), [8, 9]), r"capability: \[8, 9\] does not match the file name sm90-nvidia-h200"),
+])
+def test_a_model_table_that_is_not_that_models_is_ignored_for_the_capabilitys(package_dir, caplog, data, match):
+    (package_dir / "sm90.json").write_text(json.dumps(GOOD))
+    (package_dir / "sm90-nvidia-h200.json").write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="sageattention"):
+        table = calibration.for_gpu((9, 0), "NVIDIA H200")
+    assert table.source.endswith("sm90.json")
+    assert any(re.search(match, r.getMessage()) for r in caplog.records)
 
 
 @pytest.mark.parametrize("text,match", [
@@ -216,8 +262,8 @@ def test_the_exact_capability_file_is_read(package_dir):
 def test_a_broken_file_is_logged_once_and_ignored(package_dir, caplog, text, match):
     (package_dir / "sm90.json").write_text(text)
     with caplog.at_level(logging.WARNING, logger="sageattention"):
-        assert calibration.for_capability((9, 0)) is None
-        assert calibration.for_capability((9, 0)) is None
+        assert calibration.for_gpu((9, 0)) is None
+        assert calibration.for_gpu((9, 0)) is None
     warnings = [r.getMessage() for r in caplog.records if r.name == "sageattention"]
     assert len(warnings) == 1
     assert re.search(r"ignoring calibration table \S*sm90\.json", warnings[0])
@@ -236,6 +282,21 @@ def test_a_folder_of_your_tables_wins_over_the_package(package_dir, tmp_path_fac
     assert table.label == f"sm90 from {mine / 'sm90.json'}"
     # a GPU the folder has no table for: the packaged one, if any
     assert dispatch.calibration_for((8, 9), env={"SAGEATTENTION_CALIBRATION": str(mine)}) is None
+
+
+def test_a_folder_of_your_tables_can_hold_a_models_table(package_dir, tmp_path_factory):
+    (package_dir / "sm90-nvidia-h200.json").write_text(json.dumps(mutated(("gpu_name",), "NVIDIA H200")))
+    mine = tmp_path_factory.mktemp("mine")
+    (mine / "sm90.json").write_text(json.dumps(mutated(("gpu_name",), "NVIDIA H100 (mine)")))
+    env = {"SAGEATTENTION_CALIBRATION": str(mine)}
+    # your folder wins over the package, even over the package's table of that very model
+    assert dispatch.calibration_for((9, 0), env=env, gpu_name="NVIDIA H200").gpu_name == "NVIDIA H100 (mine)"
+    (mine / "sm90-nvidia-h200.json").write_text(json.dumps(mutated(("gpu_name",), "NVIDIA H200")))
+    calibration.clear_cache()
+    table = dispatch.calibration_for((9, 0), env=env, gpu_name="NVIDIA H200")
+    assert table.label == f"sm90-nvidia-h200 from {mine / 'sm90-nvidia-h200.json'}"
+    assert dispatch.calibration_for((9, 0), env=env, gpu_name="NVIDIA H100 80GB HBM3").gpu_name == \
+        "NVIDIA H100 (mine)"
 
 
 def test_a_table_file_serves_the_gpus_of_its_own_capability(package_dir, tmp_path_factory):
@@ -277,7 +338,8 @@ def test_the_package_ships_no_placeholder_table():
     folder = Path(calibration.__file__).parent
     for path in folder.glob("*.json"):
         table = calibration.load(path)
-        assert path.name == calibration.file_name(table.capability)
+        assert path.name in (calibration.file_name(table.capability),
+                             calibration.file_name(table.capability, table.gpu_name))
         assert "sageattention.calibrate" in table.generated
 
 
@@ -441,9 +503,24 @@ def test_from_benchmark_rejects_what_the_table_cannot_be_built_from(tmp_path, ca
 def test_out_name_must_match_the_measured_gpu(tmp_path, capsys):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(bench_doc()))
-    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "sm89.json")]) == 2
-    assert "use sm90.json" in capsys.readouterr().err
+    for wrong in ("sm89.json", "sm90-nvidia-h200.json", "sm89-test-gpu.json"):
+        assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / wrong)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {wrong} names another GPU than the one measured, Test GPU (sm90)" in err
+        assert "use sm90.json (every GPU of that capability) or sm90-test-gpu.json (that model alone)" in err
+        assert not (tmp_path / wrong).exists()
     assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "review.json")]) == 0
+
+
+def test_a_model_table_from_a_benchmark_says_how_to_measure_that_model_again(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(bench_doc()))
+    out = tmp_path / "sm90-test-gpu.json"
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(out)]) == 0
+    table = calibration.load(out)
+    assert "To measure again on that GPU model (Test GPU)" in table.generated
+    assert "--out sageattention/calibration/sm90-test-gpu.json" in table.generated
+    assert calibration.parse_file_name(out.name) == ((9, 0), calibration.model_slug(table.gpu_name))
 
 
 def test_cli_help_and_refusals(tmp_path, monkeypatch, capsys):
@@ -538,6 +615,8 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     assert calibrate.build_parser().parse_args(["--out", "x.json"]).rounds == calibrate.DEFAULT_ROUNDS == 2
     assert calibrate.main(["--out", str(tmp_path / "sm89.json")]) == 2  # refused before measuring
     assert "use sm90.json" in capsys.readouterr().err and not seen
+    assert calibrate.main(["--out", str(tmp_path / "sm90-nvidia-h200.json")]) == 2  # another model
+    assert "or sm90-test-gpu.json (that model alone)" in capsys.readouterr().err and not seen
     out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
     assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw), "--rounds", "3"]) == 0
     assert seen == {"cases": 56, "others": benchmark.known_backends() + ["sdpa"], "primary": None,

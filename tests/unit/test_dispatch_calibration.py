@@ -211,7 +211,8 @@ def test_kernel_specific_functions_ignore_the_calibration():
 
 def test_kernel_specific_functions_never_read_the_table(monkeypatch):
     looked_up = []
-    monkeypatch.setattr(dispatch, "calibration_for", lambda cap, env=None: looked_up.append(cap))
+    monkeypatch.setattr(dispatch, "calibration_for",
+                        lambda cap, env=None, gpu_name=None: looked_up.append((cap, gpu_name)))
     monkeypatch.delenv("SAGEATTENTION_BACKEND", raising=False)
     q = torch.randn(1, 2, 8, 64, dtype=torch.float16)
     sa.sageattn_qk_int8_pv_fp16_cuda(q, q, q)
@@ -221,7 +222,11 @@ def test_kernel_specific_functions_never_read_the_table(monkeypatch):
         sa.sageattn(q, q, q)
     assert looked_up == []
     sa.sageattn(q, q, q)
-    assert looked_up == [None]  # the default path asks (CPU: capability None, so no table)
+    assert looked_up == [(None, None)]  # the default path asks (CPU: capability None, so no table)
+    # and names the call's GPU, whose model may have a table of its own
+    monkeypatch.setattr(dispatch, "device_name", lambda device: f"GPU of {device}")
+    sa.sageattn(q, q, q)
+    assert looked_up[-1] == (None, "GPU of cpu")
 
 
 def test_the_cache_key_holds_the_calibration():
@@ -258,7 +263,7 @@ def test_use_calibration_context_wins_over_the_env_var():
 
 
 def test_calibration_for_respects_the_switch(monkeypatch):
-    monkeypatch.setattr(calibration, "for_capability", lambda cap, user_path=None: MIXED)
+    monkeypatch.setattr(calibration, "for_gpu", lambda cap, gpu_name=None, user_path=None: MIXED)
     assert dispatch.calibration_for((9, 0), env={}) is MIXED
     assert dispatch.calibration_for((9, 0), env={"SAGEATTENTION_CALIBRATION": "off"}) is None
     assert dispatch.calibration_for(None, env={}) is None
@@ -334,7 +339,7 @@ def test_a_table_that_did_not_measure_cuda_sm90_fp16_never_picks_it():
 
 
 def test_the_packaged_sm90_table_picks_what_it_measured_fastest_past_the_margin():
-    packaged = calibration.for_capability((9, 0))
+    packaged = calibration.for_gpu((9, 0))
     assert packaged is not None
     picked = set()
     for e in packaged.entries:
