@@ -74,15 +74,22 @@ inline void check_grid_limit(const View& X, const char* name) {
               "sageattn, which runs such calls on PyTorch SDPA)");
 }
 
-inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool hnd) {
+// v_fp16_with_bf16: a float16 v is also accepted beside bfloat16 q and k (the sm80 family's
+// fp16-accumulating modes, whose P.V takes V in fp16 either way: smooth_v hands over V minus its
+// mean rounded once, to fp16, instead of twice, through bfloat16).
+inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool hnd,
+                      bool v_fp16_with_bf16 = false) {
   for (const auto* t : {&q, &k, &v}) {
     TORCH_CHECK(t->is_cuda(), "q, k and v must be CUDA tensors");
     TORCH_CHECK(t->dim() == 4, "q, k and v must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD)");
     TORCH_CHECK(t->scalar_type() == at::kHalf || t->scalar_type() == at::kBFloat16,
                 "q, k and v must be float16 or bfloat16, got ", t->scalar_type());
     TORCH_CHECK(t->device() == q.device(), "q, k and v must be on one device");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k and v must have one dtype");
   }
+  const bool v_fp16_ok = v_fp16_with_bf16 && q.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kHalf;
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && (v.scalar_type() == q.scalar_type() || v_fp16_ok),
+              v_fp16_with_bf16 ? "q, k and v must have one dtype (or v float16 with bfloat16 q and k)"
+                               : "q, k and v must have one dtype");
   const View Q = view_of(q, hnd), K = view_of(k, hnd), V = view_of(v, hnd);
   TORCH_CHECK(Q.D == 64 || Q.D == 128, "head dim must be 64 or 128, got ", num(Q.D));
   TORCH_CHECK(K.D == Q.D && V.D == Q.D, "q, k and v must share the head dim");

@@ -34,7 +34,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   const bool hnd = glue::parse_layout(tensor_layout);
   const QuantGran gran = glue::parse_gran(qk_quant_gran);
   const PvAccum accum = parse_accum(pv_accum_dtype);
-  glue::check_qkv(q, k, v, hnd);
+  const DType od = glue::dtype_of(q);
+  glue::check_qkv(q, k, v, hnd, /*v_fp16_with_bf16=*/!pv_in_bf16(od, accum));
   TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
   const c10::cuda::CUDAGuard guard(q.device());
 
@@ -42,7 +43,6 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
       glue::quantize_qk(&sm80::quant_int8, &sm80::token_mean, q, k, hnd, gran, sm_scale, smooth_k);
   // 16-bit PV: V as given when fp16, or bf16 with fp32 accumulation (pv_in_bf16); else bf16 V is
   // converted to fp16 for the fp16-accumulating mma (docs/architecture.md).
-  const DType od = glue::dtype_of(q);
   const bool v_as_given = v.scalar_type() == at::kHalf || pv_in_bf16(od, accum);
   const at::Tensor v16 = glue::vector_friendly(v_as_given ? v : v.to(at::kHalf));
   const glue::View V = glue::view_of(v16, hnd);
