@@ -218,6 +218,10 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     (scale >= 2) results often still match, but values that land in fp16's subnormal range (in V or
     in the fp16 accumulator) round differently, and past 65504 the unscaled V is inf. Their fp16
     accumulators can overflow either way (a flat softmax over a V near 30000 does).
+    smooth_v: V's token mean out before P.V and back after, where the kernels take it: FP8 P.V, and
+    FP16 P.V with an fp16-accumulating mode; with FP16 P.V and "fp32" accumulation it is an identity
+    the kernels skip, so it is skipped here too (applying it would round V minus its mean to the
+    16-bit type, an error the kernels do not make).
     Returns the output (q's dtype and layout), or (output, lse) with lse `[B, Hq, Nq]` fp32 in natural
     log when return_lse.
     """
@@ -247,6 +251,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     k_i8, k_scale, _ = quantize_int8(kf - km if smooth_k else kf, granularity=qk_quant_gran,
                                      is_query=False, blkq=blkq, blkk=blkk, warpq=warpq)
 
+    smooth_v = smooth_v and not (pv_dtype == "fp16" and pv_accum_dtype == "fp32")  # see the docstring
     vm = vf.mean(dim=2, keepdim=True) if smooth_v else None
     v_s = vf - vm if smooth_v else vf
     if pv16 is None:

@@ -333,3 +333,17 @@ def test_every_native_family_has_its_block_sizes():
     # the FP8 wgmma family quantizes as the sm89 family and steps its softmax as the sm90 family
     assert FAMILY_BLOCK_SIZES["sm90_fp8"] == dict(FAMILY_BLOCK_SIZES["sm89"], softmax_blkk=128)
     assert FAMILY_BLOCK_SIZES["sm90_fp8"]["softmax_blkk"] == FAMILY_BLOCK_SIZES["sm90"]["softmax_blkk"]
+
+
+def test_smooth_v_is_skipped_where_the_kernels_skip_it():
+    # FP16 P.V with "fp32" accumulation: the kernels take V as given whatever smooth_v says, so the
+    # reference must not round V minus its mean (a bfloat16 V would lose bits the kernels keep).
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).bfloat16() for _ in range(3))
+    v = (v.float() + 3.0).bfloat16()
+    same = [sageattn_reference(q, k, v, pv_accum_dtype="fp32", smooth_v=s) for s in (False, True)]
+    assert torch.equal(same[0], same[1])
+    # where the kernels apply it (an fp16-accumulating mode, FP8 P.V) it still changes the rounding
+    for kw in ({"pv_accum_dtype": "fp16"}, {"pv_dtype": "fp8", "pv_accum_dtype": "fp32"}):
+        a, b = (sageattn_reference(q, k, v, smooth_v=s, **kw) for s in (False, True))
+        assert not torch.equal(a, b), kw
