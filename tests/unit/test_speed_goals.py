@@ -50,6 +50,21 @@ def test_a_case_below_the_floor_is_named_and_the_mean_still_judged():
     mean = _by_goal(verdicts, "geometric mean")
     assert mean.status == MET  # 1.4 ** 19 * 0.95 over 20 cases: about 1.37x
     assert mean.detail == f"{benchmark.geomean([1.4] * 19 + [0.95]):.3f}x"
+    assert "ran SDPA itself" not in floor.detail
+
+
+def test_a_case_below_the_floor_where_sageattn_ran_sdpa_says_so_and_stays_not_met():
+    # SDPA against SDPA (the default dispatch chose SDPA): the verdict stands, the detail says why
+    rows = [_row(c) for c in benchmark.standard_cases()]
+    rows[2].update(speedup_vs_sdpa=0.95, backend="sdpa")
+    rows[5]["speedup_vs_sdpa"] = 0.96
+    floor = _by_goal(speed_goals.evaluate(_perf(rows)), "`sageattn` >= 0.97x")
+    assert floor.status == NOT_MET
+    assert floor.detail.startswith(f"2 below: {rows[2]['name']} 0.95x [sdpa], {rows[5]['name']} 0.96x;")
+    assert floor.detail.endswith("; 1 of them ran SDPA itself ([sdpa]): SDPA timed against SDPA")
+    rows[5]["backend"] = "sdpa"
+    floor = _by_goal(speed_goals.evaluate(_perf(rows)), "`sageattn` >= 0.97x")
+    assert floor.detail.endswith("; each of them ran SDPA itself ([sdpa]): SDPA timed against SDPA")
 
 
 def test_a_slow_mean_and_a_slow_long_case_are_not_met():
