@@ -170,10 +170,14 @@ def _capability(device_index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(device_index))
 
 
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_capability(device: torch.device) -> tuple[int, int] | None:
     if device.type != "cuda":
         return None
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability(_cuda_index(device))
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,7 +190,7 @@ def device_name(device: torch.device) -> str | None:
     None off CUDA."""
     if device.type != "cuda":
         return None
-    return _device_name(device.index if device.index is not None else torch.cuda.current_device())
+    return _device_name(_cuda_index(device))
 
 
 # --- forcing --------------------------------------------------------------------------------

@@ -298,8 +298,11 @@ def for_gpu(capability: tuple[int, int], gpu_name: str | None = None,
     tables, which serve when the path has none for this GPU. Cached: clear_cache() forgets."""
     capability = tuple(capability)
     names = [file_name(capability)]
-    if gpu_name is not None and re.search(r"[A-Za-z0-9]", gpu_name):
-        names.insert(0, file_name(capability, gpu_name))
+    if gpu_name is not None:
+        try:
+            names.insert(0, file_name(capability, gpu_name))
+        except ValueError:  # model_slug: a name without letters or digits names no model table
+            pass
     if user_path is not None:
         path = Path(user_path)
         if path.is_dir():

@@ -233,7 +233,7 @@ def test_a_gpu_models_own_table_wins_over_its_capabilitys(package_dir):
     assert h200.gpu_name == "NVIDIA H200" and h200.label == "sm90-nvidia-h200"
     assert h200.source.endswith("sm90-nvidia-h200.json")
     # other models of that capability, and calls that do not name the GPU, get the capability's
-    for other in ("NVIDIA H100 80GB HBM3", "NVIDIA H200 NVL", None):
+    for other in ("NVIDIA H100 80GB HBM3", "NVIDIA H200 NVL", " -- ", None):
         assert calibration.for_gpu((9, 0), other).source.endswith("sm90.json"), other
     # a model's table never serves a GPU of another capability
     assert calibration.for_gpu((8, 9), "NVIDIA H200") is None
