@@ -517,6 +517,23 @@ def test_sm90_matches_the_sm80_family(d, dtype):
         assert torch.allclose(lse90, lse80, atol=1e-3, rtol=0)
 
 
+def test_sm80_op_takes_a_float16_v_beside_bfloat16_q_and_k_only_where_p_v_is_fp16():
+    # The one dtype mix the op accepts (smooth_v's centered V in the fp16-accumulating modes);
+    # with "fp32" accumulation a bfloat16 P.V takes V as given, so the mix is refused, as is any other.
+    family("sm80")
+    q, k, v = make_qkv(1, 2, 2, 64, 64, 64, torch.bfloat16)
+    op = torch.ops.sageattention_sm80.qk_int8_pv_fp16
+    out, _ = op(q, k, v.half(), "HND", False, 0.1, "per_warp", "fp16", True, False)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    with pytest.raises(RuntimeError, match=r"one dtype \(or v float16 with bfloat16 q and k\)"):
+        op(q, k.half(), v.half(), "HND", False, 0.1, "per_warp", "fp16", True, False)
+    with pytest.raises(RuntimeError, match="q, k and v must have one dtype") as refused:
+        op(q, k, v.half(), "HND", False, 0.1, "per_warp", "fp32", True, False)
+    assert "or v float16" not in str(refused.value)
+    with pytest.raises(RuntimeError, match=r"one dtype \(or v float16 with bfloat16 q and k\)"):
+        op(q.half(), k.half(), v, "HND", False, 0.1, "per_warp", "fp16", True, False)
+
+
 def test_sm90_op_names_the_accepted_accumulation():
     family("sm90")
     q, k, v = make_qkv(1, 2, 2, 64, 64, 64)
