@@ -102,15 +102,25 @@ def import_problem(info: Mapping[str, Any] | None, torch_version: str,
 def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | None:
     """How this build runs on a GPU of ``capability``: 'sm80 SASS', 'compute_75 PTX (JIT)',
     or None when it cannot. SASS runs on the same major and an equal or higher minor; PTX
-    runs (JIT-compiled by the driver) on any equal or newer GPU."""
+    (JIT-compiled by the driver) where the dispatcher runs it, expectation.ptx_serves's rule: a
+    family's embed_ptx on every equal or newer GPU, a '+PTX' target's only on the SMs its
+    families serve (compute_89 PTX runs on an sm90 GPU, not on an sm120 one)."""
     major, minor = capability
     device = major * 10 + minor
     for target in info.get("sm_targets", []):
         sm = int(target.split("+")[0][2:])
         if sm // 10 == major and sm % 10 <= minor:
             return f"sm{sm} SASS"
+    from .backends import load_families
+    from .validation.expectation import ptx_runs_on, wheel_ptx_serves
+
+    wheel_families = info.get("families")
     for ptx in sorted(info.get("ptx", []), reverse=True):
-        if int(ptx.split("_")[1]) <= device:
+        ptx_sm = int(ptx.split("_")[1])
+        # Build info without its families (written before they were recorded): PTX reaches
+        # every newer GPU, as the driver would run it.
+        reach = None if not wheel_families else wheel_ptx_serves(load_families(), wheel_families, ptx_sm)
+        if ptx_runs_on(reach, ptx_sm, device):
             return f"{ptx} PTX (JIT-compiled by the driver)"
     return None
 
@@ -122,9 +132,26 @@ def device_problem(info: Mapping[str, Any] | None, capability: tuple[int, int],
     sm = capability[0] * 10 + capability[1]
     targets = ", ".join(info.get("sm_targets", [])) or "none"
     ptx = ", ".join(info.get("ptx", [])) or "none"
-    wheel = suggested_wheel(info, sms=[sm])
+    sms = _targets_that_run_on(sm)
+    wheel = suggested_wheel(info, sms=sms)
+    via = "" if sms == [sm] else (f" No kernel family is built for sm{sm}; the sm{sms[0]} "
+                                  f"family's embedded PTX runs there.")
     return (f"sageattention {info['version']} has kernels for {targets} (embedded PTX: {ptx}),"
-            f" which cannot run on {device_name} (sm{sm}). {_how_to_get(wheel, [sm])}")
+            f" which cannot run on {device_name} (sm{sm}).{via} {_how_to_get(wheel, sms)}")
+
+
+def _targets_that_run_on(sm: int) -> list[int]:
+    """The SM target a wheel for a GPU of ``sm`` is built for: ``sm`` itself where a kernel
+    family serves it, else the newest family whose embed_ptx runs there (an sm120 GPU: sm75,
+    whose compute_75 PTX the driver compiles), else ``sm`` (the build then says what is missing)."""
+    from .backends import load_families
+
+    families = load_families()
+    if any(f"sm{sm}" in spec.get("serves", []) for spec in families.values()):
+        return [sm]
+    floors = [int(spec["embed_ptx"].split("_")[1]) for spec in families.values() if spec.get("embed_ptx")]
+    reachable = [f for f in floors if f <= sm]
+    return [max(reachable)] if reachable else [sm]
 
 
 def _running_diagnostics() -> bool:

@@ -443,6 +443,13 @@ def validate_manifest(manifest: object) -> None:
             if not isinstance(t, dict) or "cc" not in t:
                 raise BadInput(f"manifest: wheels[{i}].gpu_targets[{j}] needs 'cc'")
             _cc_of(t["cc"], f"manifest: wheels[{i}].gpu_targets[{j}].cc")
+            reach = t.get("ptx_serves")
+            if reach is not None:
+                if not isinstance(reach, list):
+                    raise BadInput(f"manifest: wheels[{i}].gpu_targets[{j}].ptx_serves must be "
+                                   f"null or a list of compute capabilities, got {reach!r}")
+                for cc in reach:
+                    _cc_of(cc, f"manifest: wheels[{i}].gpu_targets[{j}].ptx_serves")
         _version_pair(w["torch"], f"manifest: wheels[{i}].torch")
         _version_pair(w["cuda"], f"manifest: wheels[{i}].cuda")
 
@@ -503,7 +510,9 @@ def gpu_execution(w: dict, cc: tuple[int, int]) -> tuple[int, str] | None:
     """How this wheel's code runs on a GPU of ``cc``: (rank, description), lower rank is better.
 
     SASS runs on the same major with an equal or higher minor (sm_90a-style targets only on exactly
-    that GPU); embedded PTX is JIT-compiled by the driver on any newer GPU.
+    that GPU); embedded PTX is JIT-compiled by the driver on a newer GPU where the runtime uses it:
+    the target's ``ptx_serves`` (a '+PTX' target: the GPUs its kernel families serve), or any
+    newer GPU where that is null or absent (the sm75 family's compute_75).
     """
     best: tuple[int, str] | None = None
     for t in w["gpu_targets"]:
@@ -514,7 +523,7 @@ def gpu_execution(w: dict, cc: tuple[int, int]) -> tuple[int, str] | None:
         if t.get("sass", True) and (tcc == cc or same_major_older):
             # exact SASS first, then the closest older minor of the same major
             option = (0 if tcc == cc else 100 - tcc[1], f"native {name} code")
-        elif t.get("ptx") and tcc <= cc:
+        elif t.get("ptx") and tcc <= cc and _ptx_serves(t, cc):
             # PTX last: JIT cost on first use, and older instructions; the newest PTX wins
             option = (
                 1000 - (tcc[0] * 10 + tcc[1]),
@@ -525,13 +534,25 @@ def gpu_execution(w: dict, cc: tuple[int, int]) -> tuple[int, str] | None:
     return best
 
 
+def _ptx_serves(target: dict, cc: tuple[int, int]) -> bool:
+    """Whether the runtime runs this target's PTX on a GPU of ``cc`` (its ``ptx_serves``)."""
+    reach = target.get("ptx_serves")
+    return reach is None or cc in {_cc_of(x, "ptx_serves") for x in reach}
+
+
 def _torch_pair(w: dict) -> tuple[int, int]:
     return _version_pair(w["torch"], "torch")
 
 
 def _fmt_targets(ws: list[dict]) -> str:
     """Compute capabilities the wheels in ``ws`` support, in order ('+': and newer, via PTX)."""
-    seen = {(_cc_of(t["cc"], "cc"), bool(t.get("ptx"))) for w in ws for t in w["gpu_targets"]}
+    seen = set()
+    for w in ws:
+        for t in w["gpu_targets"]:
+            cc = _cc_of(t["cc"], "cc")
+            seen.add((cc, bool(t.get("ptx")) and t.get("ptx_serves") is None))
+            for other in (t.get("ptx_serves") or []) if t.get("ptx") else []:
+                seen.add((_cc_of(other, "ptx_serves"), False))
     return ", ".join(f"{a}.{b}" + ("+ (PTX)" if ptx else "") for (a, b), ptx in sorted(seen))
 
 

@@ -41,6 +41,41 @@ def sass_runs_on(target_sm: int, gpu_sm: int) -> bool:
     return target_sm // 10 == gpu_sm // 10 and target_sm % 10 <= gpu_sm % 10
 
 
+def ptx_serves(spec: dict, ptx_sm: int) -> frozenset[int] | None:
+    """The GPUs on which the dispatcher runs a family's compute_<ptx_sm> PTX (``spec``: the family's
+    entry in native/families.json). None: every GPU of ``ptx_sm`` or newer, for the family's own
+    ``embed_ptx`` (the sm75 family's compute_75; backends.py gives it a minimum capability and no
+    list). Otherwise the SMs it serves from ``ptx_sm`` on, for the PTX of a '+PTX' target it serves
+    (sm80+PTX gives the sm80 family compute_80, which runs on sm90, one of its SMs, but not on a
+    newer GPU it does not serve); empty where the family carries no such PTX (an arch-specific
+    family, or ``ptx_sm`` is not one of its SMs)."""
+    embed = spec.get("embed_ptx")
+    if embed and int(embed.split("_")[1]) == ptx_sm:
+        return None
+    serves = {int(s.removeprefix("sm")) for s in spec.get("serves", [])}
+    if spec.get("arch_specific") or ptx_sm not in serves:
+        return frozenset()
+    return frozenset(s for s in serves if s >= ptx_sm)
+
+
+def wheel_ptx_serves(families: dict, wheel_families, ptx_sm: int) -> frozenset[int] | None:
+    """ptx_serves over the families a wheel carries (``families``: families.json's "families"):
+    None when one of them runs this PTX on every newer GPU, else the union of their SMs."""
+    reach: set[int] = set()
+    for name in wheel_families:
+        served = ptx_serves(families.get(name, {}), ptx_sm)
+        if served is None:
+            return None
+        reach |= served
+    return frozenset(reach)
+
+
+def ptx_runs_on(reach: frozenset[int] | None, ptx_sm: int, gpu_sm: int) -> bool:
+    """Whether PTX for ``ptx_sm`` whose reach (ptx_serves) is ``reach`` runs on ``gpu_sm``: the
+    driver JIT-compiles PTX forward only, and the dispatcher uses it only within its reach."""
+    return gpu_sm >= ptx_sm and (reach is None or gpu_sm in reach)
+
+
 def backend_name(family: str, op: str) -> str:
     """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ...
 
@@ -108,18 +143,14 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
     for family, spec in families.items():  # families.json order
         if family not in wheel_families:
             continue
-        serves = {int(s.removeprefix("sm")) for s in spec.get("serves", [])}
         for op in spec.get("ops", []):
             name = backend_name(family, op)
             if here in spec.get("serves", []) and sass_ok:
                 sass.append(NativeBackend(name, family, "sass"))
-            elif not spec.get("arch_specific") and (here in spec.get("serves", []) or spec.get("embed_ptx")):
+            else:
                 # The family's PTX (its embed_ptx, or a '+PTX' target it serves: sm80+PTX gives
-                # the sm80 family compute_80) JIT-compiles forward only: compute_75 runs on sm75
-                # and newer. As in the dispatcher (backends.py), a '+PTX' family runs only on the
-                # GPUs it serves, an embed_ptx family on every newer one; arch-specific families
-                # (sm_90a) never carry PTX.
-                usable = sorted(sm for sm in ptx_sms & serves if sm <= gpu_sm)
+                # the sm80 family compute_80), where ptx_serves says the dispatcher runs it.
+                usable = sorted(sm for sm in ptx_sms if ptx_runs_on(ptx_serves(spec, sm), sm, gpu_sm))
                 if usable:
                     ptx.append(NativeBackend(name, family, "ptx", f"compute_{usable[-1]}"))
     if sass:

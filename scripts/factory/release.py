@@ -38,19 +38,18 @@ try:  # run as `python scripts/factory/release.py` or imported as scripts.factor
     from . import notes as notes_mod
     from . import report as report_mod
     from .labels import LocalLabel, expectation
-except ImportError:  # pragma: no cover - script mode
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import index as index_mod  # type: ignore[no-redef]
-    import report as report_mod  # type: ignore[no-redef]
-
+except ImportError:  # pragma: no cover - script mode: the repository root first, as -m has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from scripts.factory import chart as chart_mod  # type: ignore[no-redef]
+    from scripts.factory import index as index_mod  # type: ignore[no-redef]
     from scripts.factory import notes as notes_mod  # type: ignore[no-redef]
+    from scripts.factory import report as report_mod  # type: ignore[no-redef]
     from scripts.factory.labels import LocalLabel, expectation  # type: ignore[no-redef]
 
 PROJECT = "sageattention"
 MANIFEST_SCHEMA_VERSION = 1
 BUILD_INFO_PATH = "sageattention/_build_info.json"
+FAMILIES_PATH = "sageattention/native/families.json"  # the wheel's own kernel family table
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # some wheel refused (the release is still written with the accepted ones)
@@ -81,13 +80,16 @@ _DOTTED_TARGET_RE = re.compile(r"^(\d+)\.(\d+)([af]?)(\+ptx)?$", re.IGNORECASE)
 @dataclass(frozen=True)
 class GpuTarget:
     """One SM target of a wheel: SASS for ``cc`` (runs on the same major, minor >= ``cc``'s;
-    only on exactly ``cc`` when arch-specific like sm_90a), plus PTX when embedded (JIT-compiled
-    by the driver on any newer GPU)."""
+    only on exactly ``cc`` when arch-specific like sm_90a), plus PTX when embedded, JIT-compiled
+    by the driver where the dispatcher runs it: ``ptx_serves`` lists those GPUs (a '+PTX'
+    target's PTX: the SMs its families serve), None every GPU at or newer than ``cc`` (a family's
+    embed_ptx), the rule of expectation.ptx_serves."""
 
     name: str
     cc: tuple[int, int]
     ptx: bool
     arch_specific: bool
+    ptx_serves: tuple[tuple[int, int], ...] | None = None
 
     def as_json(self) -> dict:
         return {
@@ -96,6 +98,8 @@ class GpuTarget:
             "sass": True,
             "ptx": self.ptx,
             "arch_specific": self.arch_specific,
+            "ptx_serves": None if not self.ptx or self.ptx_serves is None
+            else [f"{a}.{b}" for a, b in self.ptx_serves],
         }
 
     def runs_on(self, cc: tuple[int, int]) -> str | None:
@@ -105,7 +109,7 @@ class GpuTarget:
                 return "native"
         elif expectation().sass_runs_on(self.cc[0] * 10 + self.cc[1], cc[0] * 10 + cc[1]):
             return "native"
-        if self.ptx and cc >= self.cc:
+        if self.ptx and cc >= self.cc and (self.ptx_serves is None or cc in self.ptx_serves):
             return "ptx-jit"
         return None
 
@@ -203,6 +207,9 @@ class WheelFacts:
     build_info: dict
     requires_python: str | None
     torch_requirement: str | None
+    # families.json's "families" as the wheel carries it (None: the wheel has none), for where
+    # its PTX runs
+    families_table: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +259,17 @@ def read_wheel_facts(path: Path) -> WheelFacts:
                     f"the wheel has no {BUILD_INFO_PATH}: it was not built by the factory"
                 )
             build_info = json.loads(zf.read(BUILD_INFO_PATH))
+            families_table = None
+            if FAMILIES_PATH in names:
+                try:
+                    families_table = json.loads(zf.read(FAMILIES_PATH))["families"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ValueError(f"{FAMILIES_PATH} in the wheel is not a kernel family table "
+                                     f"(JSON with a 'families' object)") from None
+                if not isinstance(families_table, dict) or not all(
+                        isinstance(v, dict) for v in families_table.values()):
+                    raise ValueError(f"{FAMILIES_PATH} in the wheel: 'families' must map names "
+                                     f"to objects")
             metadata_name = next(
                 (n for n in names if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None
             )
@@ -283,7 +301,13 @@ def read_wheel_facts(path: Path) -> WheelFacts:
         build_info=build_info,
         requires_python=metadata.get("Requires-Python"),
         torch_requirement=torch_req,
+        families_table=families_table,
     )
+
+
+def _cc_pairs(sms) -> tuple[tuple[int, int], ...] | None:
+    """SM numbers (90) as sorted compute capabilities ((9, 0)); None stays None."""
+    return None if sms is None else tuple(sorted((sm // 10, sm % 10) for sm in sms))
 
 
 def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ...]]:
@@ -317,6 +341,17 @@ def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ..
         embedded = []
     ptx_ccs = {(int(p[8:-1]), int(p[-1])) for p in embedded}
     targets = [replace(t, ptx=True) if t.cc in ptx_ccs else t for t in targets]
+    # Where each PTX runs: the wheel's own family table and families (without them, as the
+    # driver would run it: every newer GPU).
+    wheel_families = info.get("families")
+    if facts.families_table is not None and isinstance(wheel_families, list) and wheel_families:
+        rule = expectation()
+        unknown = [f for f in wheel_families if f not in facts.families_table]
+        if unknown:
+            reasons.append(f"build info families {unknown} are not in the wheel's {FAMILIES_PATH}")
+        targets = [replace(t, ptx_serves=_cc_pairs(rule.wheel_ptx_serves(
+            facts.families_table, wheel_families, t.cc[0] * 10 + t.cc[1]))) if t.ptx else t
+            for t in targets]
     # The manifest takes torch, CUDA and targets from build info and the torch pin from METADATA;
     # the picker and the user read the label. They must say one thing (the label rule of
     # sageattention/build_info.py, which `factory check` applies too).

@@ -56,6 +56,33 @@ def test_device_served_by_sass_or_ptx():
     assert "compute_75 PTX" in guard.served_by(INFO, (9, 0))  # the H200 runs sm75 as PTX
 
 
+ADA_PTX = dict(INFO, version="2.2.0+sm89.torch2.12cu130", local_label="sm89.torch2.12cu130",
+               sm_targets=["sm89+PTX"], families=["sm80", "sm89"], ptx=["compute_89"])
+
+
+def test_plus_ptx_runs_only_on_the_gpus_its_families_serve():
+    # The dispatcher runs the sm80 and sm89 families up to sm90: their compute_89 PTX would
+    # JIT-compile on a Blackwell GPU, but no kernel of theirs runs there (it said it ran).
+    assert guard.served_by(ADA_PTX, (8, 9)) == "sm89 SASS"
+    assert "compute_89 PTX" in guard.served_by(ADA_PTX, (9, 0))
+    assert guard.served_by(ADA_PTX, (10, 0)) is None
+    assert guard.served_by(ADA_PTX, (12, 0)) is None
+    assert "compute_75 PTX" in guard.served_by(INFO, (12, 0))   # the sm75 family's embed_ptx
+    # build info without its families (older wheels): PTX reaches every newer GPU
+    legacy = {k: v for k, v in ADA_PTX.items() if k != "families"}
+    assert "compute_89 PTX" in guard.served_by(legacy, (12, 0))
+
+
+def test_a_gpu_no_family_serves_is_pointed_at_the_embedded_ptx_wheel():
+    msg = guard.device_problem(ADA_PTX, (12, 0), "NVIDIA RTX 5090 (cuda:0)")
+    assert "cannot run on NVIDIA RTX 5090 (cuda:0) (sm120)" in msg
+    assert "No kernel family is built for sm120; the sm75 family's embedded PTX runs there" in msg
+    assert "sageattention-2.2.0+sm75.torch2.12cu130-" in msg
+    assert "SAGEATTENTION_SM_TARGETS='sm75'" in msg
+    # a GPU that a family serves is pointed at its own wheel
+    assert "sageattention-2.2.0+sm86.torch2.12cu130-" in guard.device_problem(ADA_PTX, (8, 6))
+
+
 def test_device_mismatch_names_targets_gpu_and_wheel():
     msg = guard.device_problem(SM80, (9, 0), "NVIDIA H200 (cuda:0)")
     assert "has kernels for sm80 (embedded PTX: none)" in msg

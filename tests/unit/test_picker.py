@@ -24,7 +24,8 @@ WIN = "win_amd64"
 
 
 def _wheel(
-    label: str, py: str, plat: str, targets: list[str], torch: str, cuda: str = "13.0"
+    label: str, py: str, plat: str, targets: list[str], torch: str, cuda: str = "13.0",
+    ptx_serves: list[str] | None = None,
 ) -> dict:
     filename = f"sageattention-2.2.0+{label}-{py}-{py}-{plat}.whl"
     gpu_targets = []
@@ -38,6 +39,7 @@ def _wheel(
                 "sass": True,
                 "ptx": ptx,
                 "arch_specific": False,
+                "ptx_serves": ptx_serves if ptx else None,
             }
         )
     return {
@@ -65,6 +67,9 @@ WHEELS = {
     "t4_win": _wheel("sm75.torch2.12cu130", "cp312", WIN, ["sm75+PTX"], "2.12.0"),
     "ampere": _wheel("sm80.torch2.12cu130", "cp312", LINUX, ["sm80", "sm86"], "2.12.0"),
     "ada": _wheel("sm89.torch2.12cu130", "cp312", LINUX, ["sm89"], "2.12.0"),
+    # compute_89 runs where the sm80 and sm89 families serve (8.9, 9.0), not on newer GPUs
+    "ada_ptx": _wheel("sm89.torch2.12cu130", "cp312", WIN, ["sm89+PTX"], "2.12.0",
+                      ptx_serves=["8.9", "9.0"]),
     "hopper_212": _wheel("sm90.torch2.12cu130", "cp312", LINUX, ["sm90"], "2.12.0"),
     "hopper_214_311": _wheel("sm90.torch2.14cu130", "cp311", LINUX, ["sm90"], "2.14.1"),
     "hopper_214_312": _wheel("sm90.torch2.14cu130", "cp312", LINUX, ["sm90"], "2.14.1"),
@@ -125,6 +130,18 @@ FITS = [
         "native sm90",
     ),
     ("blackwell only via PTX", machine(gpus=[("RTX 5090", "12.0")]), "t4_linux", "PTX"),
+    (  # compute_89 would JIT there, but the runtime runs those families only up to sm90
+        "blackwell gets compute_75, not a +PTX target it is not served by",
+        machine(os="windows", arch="AMD64", glibc=None, gpus=[("RTX 5090", "12.0")]),
+        "t4_win",
+        "sm75+PTX PTX",
+    ),
+    (
+        "hopper runs an sm89+PTX wheel's compute_89 before compute_75",
+        machine(os="windows", arch="AMD64", glibc=None, gpus=[("H100", "9.0")]),
+        "ada_ptx",
+        "sm89+PTX PTX",
+    ),
     (
         "two GPUs need one wheel for both",
         machine(gpus=[("Tesla T4", "7.5"), ("RTX 4090", "8.9")]),
@@ -220,6 +237,25 @@ def test_arch_specific_target_runs_only_on_that_gpu():
     w["gpu_targets"][0]["arch_specific"] = True
     assert pick_wheel.gpu_execution(w, (9, 0))[1].startswith("native")
     assert pick_wheel.gpu_execution(w, (9, 1)) is None
+
+
+def test_ptx_runs_only_where_its_target_serves():
+    w = WHEELS["ada_ptx"]
+    assert pick_wheel.gpu_execution(w, (8, 9))[1] == "native sm89+PTX code"
+    assert "PTX compiled by the driver" in pick_wheel.gpu_execution(w, (9, 0))[1]
+    assert pick_wheel.gpu_execution(w, (10, 0)) is None
+    assert pick_wheel.gpu_execution(w, (12, 0)) is None
+    # absent (a manifest written before the field) or null: every newer GPU, as before
+    legacy = {**w, "gpu_targets": [{k: v for k, v in w["gpu_targets"][0].items() if k != "ptx_serves"}]}
+    assert "PTX" in pick_wheel.gpu_execution(legacy, (12, 0))[1]
+
+
+def test_manifest_ptx_serves_must_be_a_list_of_capabilities():
+    for bad, words in (("9.0", "ptx_serves must be null or a list"), (["nine"], "ptx_serves")):
+        target = {**WHEELS["ada_ptx"]["gpu_targets"][0], "ptx_serves": bad}
+        manifest = {**MANIFEST, "wheels": [{**WHEELS["ada_ptx"], "gpu_targets": [target]}]}
+        with pytest.raises(pick_wheel.BadInput, match=words):
+            pick_wheel.validate_manifest(manifest)
 
 
 def test_manylinux_legacy_and_abi3_tags():

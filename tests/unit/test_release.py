@@ -100,7 +100,8 @@ def test_manifest_entry_fields(tmp_path):
     assert entry["torch"] == "2.14.1" and entry["torch_requirement"] == "==2.14.*"
     assert entry["cuda"] == "13.0"
     assert entry["gpu_targets"] == [
-        {"name": "sm90", "cc": "9.0", "sass": True, "ptx": False, "arch_specific": False}
+        {"name": "sm90", "cc": "9.0", "sass": True, "ptx": False, "arch_specific": False,
+         "ptx_serves": None}
     ]
     assert entry["execution"] == "native"
     v = entry["validation"]
@@ -468,6 +469,8 @@ def test_target_runs_on_rules():
     )
     assert sm75p.runs_on((7, 5)) == "native" and sm75p.runs_on((9, 0)) == "ptx-jit"
     assert sm90a.runs_on((9, 0)) == "native" and sm90a.runs_on((10, 0)) is None
+    sm89p = release.replace(release.parse_gpu_target("sm89+PTX"), ptx_serves=((8, 9), (9, 0)))
+    assert sm89p.runs_on((9, 0)) == "ptx-jit" and sm89p.runs_on((12, 0)) is None
 
 
 @pytest.mark.parametrize(
@@ -547,7 +550,54 @@ def test_a_familys_embedded_ptx_counts_without_plus_ptx_in_the_target(tmp_path):
     assert isinstance(verdict, release.Accepted), getattr(verdict, "reasons", None)
     entry = release.manifest_entry(verdict, "simple")
     assert entry["gpu_targets"] == [{"name": "sm75", "cc": "7.5", "sass": True, "ptx": True,
-                                     "arch_specific": False}]
+                                     "arch_specific": False, "ptx_serves": None}]
+
+
+FAMILIES_FILE = ("sageattention/native/families.json",
+                 (ROOT / "sageattention" / "native" / "families.json").read_bytes())
+
+
+def _accepted_entry(tmp_path, label, sm_targets, families, ptx, execution, cc="9.0"):
+    """The manifest entry of a wheel that carries the package's families.json, validated on a GPU
+    of ``cc`` the way ``execution`` says (or the refusal)."""
+    wheel = fx.build_wheel(tmp_path / "wheels", label, fx.LINUX_311, sm_targets=sm_targets,
+                           build_info_extra={"families": families, "ptx": ptx},
+                           extra_files=[FAMILIES_FILE])
+    report = fx.make_report(wheel, execution=execution, compute_capability=cc)
+    fx.write_report(tmp_path / "reports", wheel, report)
+    fx.write_note(tmp_path / "reports", wheel)
+    verdict = release.judge_wheel(wheel, tmp_path / "reports")
+    if isinstance(verdict, release.Refused):
+        return verdict
+    return release.manifest_entry(verdict, "simple")
+
+
+def test_a_plus_ptx_targets_ptx_reaches_only_the_gpus_its_families_serve(tmp_path):
+    # The dispatcher runs the sm80 and sm89 families only on the SMs they serve (up to sm90), so
+    # an sm89+PTX wheel's compute_89 runs on an H200, not on a Blackwell GPU; the manifest says
+    # so, for the picker. The sm75 family's own compute_75 (its embed_ptx) reaches every newer GPU.
+    entry = _accepted_entry(tmp_path, "sm89.torch2.14cu130", ["sm89+PTX"], ["sm80", "sm89"],
+                            ["compute_89"], "ptx-jit")
+    assert entry["gpu_targets"] == [{"name": "sm89+PTX", "cc": "8.9", "sass": True, "ptx": True,
+                                     "arch_specific": False, "ptx_serves": ["8.9", "9.0"]}]
+    entry = _accepted_entry(tmp_path, "sm75.torch2.14cu130", ["sm75+PTX"], ["sm75"],
+                            ["compute_75"], "ptx-jit")
+    assert entry["gpu_targets"][0]["ptx_serves"] is None
+
+
+def test_a_ptx_jit_report_from_a_gpu_the_ptx_does_not_serve_is_refused(tmp_path):
+    refused = _accepted_entry(tmp_path, "sm89.torch2.14cu130", ["sm89+PTX"], ["sm80", "sm89"],
+                              ["compute_89"], "ptx-jit", cc="12.0")
+    assert isinstance(refused, release.Refused)
+    assert any("runs there not at all" in r for r in refused.reasons), refused.reasons
+
+
+def test_build_info_families_missing_from_the_wheels_table_are_a_refusal_reason(tmp_path):
+    refused = _accepted_entry(tmp_path, "sm89.torch2.14cu130", ["sm89+PTX"], ["sm89", "sm99x"],
+                              ["compute_89"], "ptx-jit")
+    assert isinstance(refused, release.Refused)
+    assert any("families ['sm99x'] are not in the wheel's sageattention/native/families.json" in r
+               for r in refused.reasons), refused.reasons
 
 
 def test_a_malformed_ptx_list_in_build_info_is_a_refusal_reason(tmp_path):

@@ -23,7 +23,7 @@ from sageattention.validation import profile as profile_module
 from sageattention.validation import __main__ as cli
 from sageattention.validation.accuracy import FP8_PV_BAR, FP16_PV_BAR, Errors, bar_for, errors
 from sageattention.validation.api import Api
-from sageattention.validation.expectation import NoNativeCode, expect, parse_target
+from sageattention.validation.expectation import NoNativeCode, backend_name, expect, parse_target
 from sageattention.validation.profile import Profile
 from sageattention.validation.runner import select
 
@@ -412,6 +412,26 @@ def test_plus_ptx_counts_only_where_the_dispatcher_runs_the_family():
         expect(gpu_sm=100, families_table=FAMILIES, build_info=build, available={})
     assert not backends.backend("cuda-sm80-fp16").serves((10, 0))
     assert backends.backend("cuda-sm80-fp16").serves((9, 0)) and backends.backend("cuda-sm89-fp8").serves((9, 0))
+
+
+def test_ptx_serves_agrees_with_the_dispatchers_capabilities():
+    # the rule the guard, the release manifest and the picker share (expectation.ptx_serves)
+    # says what backends.py lets each family run on, for every PTX a wheel can carry
+    from sageattention.validation.expectation import ptx_runs_on, ptx_serves, wheel_ptx_serves
+    fams = FAMILIES["families"]
+    assert ptx_serves(fams["sm75"], 75) is None                       # embed_ptx: every newer GPU
+    assert ptx_serves(fams["sm80"], 80) == {80, 86, 87, 89, 90}
+    assert ptx_serves(fams["sm89"], 89) == {89, 90}
+    assert ptx_serves(fams["sm90"], 90) == frozenset()                # arch-specific: no PTX
+    assert ptx_serves(fams["sm89"], 80) == frozenset()                # not one of its SMs
+    assert wheel_ptx_serves(fams, ["sm80", "sm89"], 89) == {89, 90}
+    assert wheel_ptx_serves(fams, ["sm75", "sm80"], 75) is None
+    for gpu in (75, 80, 86, 89, 90, 100, 120):
+        for family, spec in fams.items():
+            for ptx_sm in (75, 80, 86, 89, 90):
+                name = backend_name(family, spec["ops"][0])
+                if ptx_runs_on(ptx_serves(spec, ptx_sm), ptx_sm, gpu):
+                    assert backends.backend(name).serves((gpu // 10, gpu % 10)), (family, ptx_sm, gpu)
 
 
 def test_wheel_without_code_for_the_gpu_is_refused():
