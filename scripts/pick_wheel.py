@@ -15,7 +15,9 @@ Exit codes: 0 a wheel fits; 1 no wheel fits (the reason is printed); 2 bad manif
 from __future__ import annotations
 
 import argparse
+import ast
 import http.client
+import importlib.util
 import json
 import platform
 import re
@@ -308,6 +310,38 @@ def _musl_version() -> tuple[int, int] | None:
     return None
 
 
+def torch_facts_without_import() -> tuple[str, str | None] | None:
+    """(torch's version, its CUDA or None) read from torch/version.py as literals, without
+    importing torch (--no-torch: importing it can be slow or broken); None when torch is not
+    installed or that file is not understood."""
+    try:
+        spec = importlib.util.find_spec("torch")  # locates the package, does not import it
+    except (ImportError, ValueError):
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse((Path(root) / "version.py").read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            continue
+        values = {}
+        for node in tree.body:  # `__version__ = '...'` and `cuda: Optional[str] = '13.0'`
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name):
+                try:
+                    values[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    pass
+        if isinstance(values.get("__version__"), str):
+            cuda = values.get("cuda")
+            return values["__version__"], cuda if isinstance(cuda, str) else None
+    return None
+
+
 def detect_machine(use_torch: bool = True) -> Machine:
     """Inspect this machine. Never raises for a missing torch or GPU: those are answers."""
     if sys.platform.startswith("linux"):
@@ -359,6 +393,24 @@ def detect_machine(use_torch: bool = True) -> Machine:
                         )
             except Exception as exc:
                 notes.append(f"torch could not query the GPUs: {exc}")
+            if machine.torch_cuda and not machine.gpus:
+                smi = _gpus_from_nvidia_smi(notes)
+                if smi:
+                    # The wheel still fits by its GPU, but no CUDA kernel runs until torch can
+                    # use the GPU: say so rather than answer as if all were well.
+                    notes.append(
+                        f"torch {machine.torch} (CUDA {machine.torch_cuda}) cannot use the "
+                        f"{len(smi)} GPU(s) nvidia-smi lists: the NVIDIA driver may be too old "
+                        f"for CUDA {machine.torch_cuda} (nvidia-smi's header shows the newest "
+                        f"CUDA it supports), or CUDA_VISIBLE_DEVICES hides them. The wheel below "
+                        f"fits the GPU; sageattention runs on it once torch can use it"
+                    )
+                machine.gpus = smi
+    else:
+        facts = torch_facts_without_import()
+        if facts is not None:
+            machine.torch, machine.torch_cuda = facts
+            notes.append("torch's version read from torch/version.py (--no-torch: not imported)")
     if not machine.gpus:
         machine.gpus = _gpus_from_nvidia_smi(notes)
     return machine
@@ -567,6 +619,7 @@ class Verdict:
     execution: str | None
     reason: str | None
     nearest: list[dict]
+    cautions: list[str] = field(default_factory=list)  # the wheel fits, but read these first
 
 
 def choose(manifest: dict, m: Machine) -> Verdict:
@@ -663,7 +716,30 @@ def choose(manifest: dict, m: Machine) -> Verdict:
         f"GPU {i}: {gpu_execution(best, g.cc)[1]}"  # type: ignore[index]
         for i, g in enumerate(m.gpus)
     )
-    return Verdict(best, execution, None, [])
+    cautions = []
+    if _prerelease_torch(m.torch):
+        pair = ".".join(map(str, _torch_pair(best)))
+        cautions.append(
+            f"your torch {m.torch} is a pre-release, nightly or source build; this wheel was "
+            f"built against the torch {pair} release ({best.get('torch')}), and a build from "
+            f"before or beside that release may not share its C++ ABI (an 'undefined symbol' "
+            f"error at import). Use a torch {pair}.x release, or build sageattention from source "
+            f"against your torch"
+        )
+    return Verdict(best, execution, None, [], cautions)
+
+
+# PEP 440's pre-release (a/b/rc) and dev segments; the picker is standard-library only, so no
+# `packaging` here. A local label of "git..." marks a source build.
+_PRERELEASE = re.compile(r"v?\d+(?:\.\d+)*[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview|dev)", re.IGNORECASE)
+
+
+def _prerelease_torch(version: str | None) -> bool:
+    """Whether a torch version is a pre-release, nightly (.dev) or source (+git...) build."""
+    if not version:
+        return False
+    public, _, local = version.partition("+")
+    return bool(_PRERELEASE.match(public)) or local.lower().startswith("git")
 
 
 # ---------------------------------------------------------------- output
@@ -729,6 +805,7 @@ def render_text(m: Machine, v: Verdict, commands: dict | None) -> str:
                 )
         if w.get("note"):
             lines.append(f"  notes: {w['note']}")
+        lines += [f"  caution: {c}" for c in v.cautions]
         lines += [
             "",
             "Install it with pip:",
@@ -773,7 +850,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-torch",
         action="store_true",
-        help="do not import torch (GPUs then come from nvidia-smi; torch counts as not installed)",
+        help="do not import torch: its version and CUDA are read from torch/version.py as text, "
+        "the GPUs from nvidia-smi",
     )
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     return parser
@@ -810,6 +888,7 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": asdict(machine),
                     "wheel": verdict.wheel,
                     "runs_as": verdict.execution,
+                    "cautions": verdict.cautions,
                     "commands": commands,
                     "reason": verdict.reason,
                     "nearest": [w["filename"] for w in verdict.nearest],

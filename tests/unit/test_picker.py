@@ -432,11 +432,96 @@ def test_https_manifest_gives_https_wheel_url():
     assert "pip_index" not in cmds  # no hosted index named in the manifest
 
 
-def test_detect_this_machine_without_torch():
+def test_detect_this_machine_without_importing_torch():
+    from importlib import metadata
+
     m = pick_wheel.detect_machine(use_torch=False)
     assert m.python == sys.version_info[:2]
     assert m.os in ("linux", "windows", "macos")
-    assert m.torch is None
+    try:
+        installed = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        installed = None
+    # read from torch/version.py (--no-torch said "not installed"), which carries the +cuXYZ
+    # label that the distribution's metadata may lack
+    from packaging.version import Version
+    assert (m.torch and Version(m.torch).public) == (installed and Version(installed).public)
+
+
+def _fake_torch_env(tmp_path: Path, version: str, cuda: str | None, init: str) -> dict:
+    """An environment whose `torch` is a stub package (version.py as torch writes it, __init__.py
+    = ``init``) and whose nvidia-smi lists one H100; for the picker run as a subprocess."""
+    pkg = tmp_path / "stub" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "version.py").write_text(
+        "from typing import Optional\n"
+        f"__version__ = {version!r}\ndebug = False\ncuda: Optional[str] = {cuda!r}\n")
+    (pkg / "__init__.py").write_text(init)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 9.0'\n")
+    smi.chmod(0o755)
+    import os
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "stub"),
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def _pick_here(tmp_path: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
+    mpath = tmp_path / "manifest.json"
+    mpath.write_text(json.dumps(MANIFEST))
+    return subprocess.run([sys.executable, str(PICKER), "--manifest", str(mpath), "--json", *extra],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell-script nvidia-smi stub")
+def test_no_torch_reads_torchs_version_without_importing_it(tmp_path):
+    # --no-torch used to count torch as not installed, so it never found a wheel
+    env = _fake_torch_env(tmp_path, "2.14.1+cu130", "13.0",
+                          "raise RuntimeError('imported, but --no-torch must not import torch')\n")
+    res = _pick_here(tmp_path, env, "--no-torch")
+    answer = json.loads(res.stdout)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert (answer["machine"]["torch"], answer["machine"]["torch_cuda"]) == ("2.14.1+cu130", "13.0")
+    assert answer["wheel"]["filename"] == WHEELS["hopper_214_311"]["filename"]
+    assert not any("importing torch failed" in n for n in answer["machine"]["notes"])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a shell-script nvidia-smi stub")
+def test_a_cuda_torch_that_cannot_use_the_gpu_nvidia_smi_lists_is_said(tmp_path):
+    # torch 2.12+cu130 under a driver too old for CUDA 13: is_available() is False; the picker
+    # took the GPU from nvidia-smi and answered as if all were well
+    stub = ("__version__ = '2.14.1+cu130'\n"
+            "class version:\n    cuda = '13.0'\n"
+            "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n")
+    env = _fake_torch_env(tmp_path, "2.14.1+cu130", "13.0", stub)
+    res = _pick_here(tmp_path, env)
+    answer = json.loads(res.stdout)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert answer["wheel"]["filename"] == WHEELS["hopper_214_311"]["filename"]
+    note = " ".join(answer["machine"]["notes"])
+    assert "torch 2.14.1+cu130 (CUDA 13.0) cannot use the 1 GPU(s) nvidia-smi lists" in note
+    assert "driver may be too old for CUDA 13.0" in note
+
+
+@pytest.mark.parametrize("torch", ["2.12.0.dev20261101+cu130", "2.12.0a0+git5c48869", "2.12.0rc2"])
+def test_a_prerelease_or_source_torch_gets_the_wheel_with_a_caution(torch):
+    verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(
+        machine(torch=torch, gpus=[("H100", "9.0")])))
+    assert verdict.wheel["filename"] == WHEELS["hopper_212"]["filename"]
+    (caution,) = verdict.cautions
+    assert f"your torch {torch} is a pre-release, nightly or source build" in caution
+    assert "torch 2.12 release" in caution
+    text = pick_wheel.render_text(pick_wheel.machine_from_json(machine(torch=torch)), verdict,
+                                  {"pip": "p", "uv": "u"})
+    assert "caution: your torch" in text
+
+
+def test_a_release_torch_gets_no_caution():
+    for torch in ("2.12.0+cu130", "2.12.1", "2.12.0.post1+cu130"):
+        verdict = pick_wheel.choose(MANIFEST, pick_wheel.machine_from_json(
+            machine(torch=torch, gpus=[("H100", "9.0")])))
+        assert verdict.wheel is not None and verdict.cautions == [], torch
 
 
 def test_help_mentions_exit_codes():
