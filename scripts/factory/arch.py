@@ -1,6 +1,6 @@
-"""GPU architecture facts: which CUDA compiles which SM, which torch ships which CUDA, which
-kernel family serves which SM (read from sageattention/native/families.json), and the nvcc
--gencode flags that follow from them."""
+"""GPU architecture facts: which CUDA compiles which SM, which torch ships which CUDA and which
+Python, which kernel family serves which SM (read from sageattention/native/families.json), and
+the nvcc -gencode flags that follow from them."""
 
 from __future__ import annotations
 
@@ -49,6 +49,25 @@ TORCH_CUDA_BUILDS: Mapping[str, tuple[str, ...]] = {
     "2.14": ("13.0",),
 }
 
+# CPython minors PyTorch publishes wheels for, per torch minor release (keys as in
+# TORCH_CUDA_BUILDS). 2.4-2.7: PyTorch RELEASE.md's "Release Compatibility Matrix", stable Pythons
+# only (an "experimental" one, such as 3.13 for 2.5 or free-threaded 3.13t, is left out). 2.8 on:
+# our reading of the release notes, not checked against that table here; cp311 for 2.14 and cp312
+# for 2.11 are the builds we run. A cell this table refuses wrongly: widen the row, with a source.
+TORCH_PYTHONS: Mapping[str, tuple[str, ...]] = {
+    "2.4": ("3.8", "3.9", "3.10", "3.11", "3.12"),
+    "2.5": ("3.9", "3.10", "3.11", "3.12"),
+    "2.6": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+    "2.7": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+    "2.8": ("3.9", "3.10", "3.11", "3.12", "3.13"),
+    "2.9": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+    "2.10": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+    "2.11": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+    "2.12": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+    "2.13": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+    "2.14": ("3.10", "3.11", "3.12", "3.13", "3.14"),
+}
+
 # torch's headers need C++20 from 2.13 on; older releases build with C++17.
 TORCH_CXX20_FROM = Version("2.13")
 # Kernel .cu files include no torch header, so their standard is fixed: their objects are
@@ -92,6 +111,20 @@ def torch_cuda_problem(torch_version: str, cuda: str) -> str | None:
     if major_minor(cuda) not in builds:
         tags = ", ".join("cu" + b.replace(".", "") for b in builds)
         return f"torch {mm} has no CUDA {cuda} build (it ships: {tags})"
+    return None
+
+
+def torch_python_problem(torch_version: str, python: str) -> str | None:
+    """Why no torch ``torch_version`` wheel for CPython ``python`` exists, or None when one does."""
+    mm = major_minor(torch_version)
+    pythons = TORCH_PYTHONS.get(mm)
+    if pythons is None:
+        return (f"torch {mm} is not in the known torch/Python table (known: "
+                f"{', '.join(TORCH_PYTHONS)}); add it to TORCH_PYTHONS in "
+                "scripts/factory/arch.py once PyTorch publishes it")
+    if major_minor(python) not in pythons:
+        return (f"torch {mm} ships no wheel for Python {python} (it supports Python "
+                f"{', '.join(pythons)})")
     return None
 
 

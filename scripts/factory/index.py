@@ -18,15 +18,20 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlparse
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 __all__ = ["IndexEntry", "variant_of", "write_index", "wheel_href", "entries_from_manifest", "main"]
+
+# hashlib's hexdigest() form, as the release step writes it and pip compares it.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,24 @@ class IndexEntry:
     filename: str
     sha256: str
     requires_python: str | None = None
+
+    def __post_init__(self) -> None:
+        # Each field goes into a link pip acts on: a malformed hash fails every install of the
+        # wheel, a malformed Requires-Python makes pip skip or reject the link.
+        if not isinstance(self.filename, str):
+            raise ValueError(f"'filename' must be a wheel file name, got {self.filename!r}")
+        if not (isinstance(self.sha256, str) and _SHA256.fullmatch(self.sha256)):
+            raise ValueError(f"{self.filename}: 'sha256' must be 64 lowercase hex digits, got "
+                             f"{self.sha256!r}")
+        if self.requires_python is not None:
+            if not isinstance(self.requires_python, str):
+                raise ValueError(f"{self.filename}: 'requires_python' must be a string such as "
+                                 f"'>=3.9' or null, got {self.requires_python!r}")
+            try:
+                SpecifierSet(self.requires_python)
+            except InvalidSpecifier:
+                raise ValueError(f"{self.filename}: 'requires_python' {self.requires_python!r} "
+                                 "is not a version specifier such as '>=3.9'") from None
 
 
 def variant_of(filename: str) -> str:
@@ -95,12 +118,26 @@ def write_index(
 ) -> dict[str, str]:
     """Write the per-variant indexes under ``root``; return {filename: its variant}.
 
-    Raises ValueError when two wheels of one variant share a tag (pip could not tell them apart)
-    or a wheel belongs to another project.
+    Raises ValueError when two wheels of one variant share a tag (pip could not tell them apart),
+    one file name is listed twice with different hashes or Requires-Python (which file is it?),
+    or a wheel belongs to another project. An entry listed twice, identical, is written once.
     """
     project_dir = canonicalize_name(project)
     by_variant: dict[str, list[IndexEntry]] = defaultdict(list)
+    by_filename: dict[str, IndexEntry] = {}
     for entry in entries:
+        first = by_filename.get(entry.filename)
+        if first is not None:
+            if first == entry:
+                continue  # identical entries: one link serves both
+            raise ValueError(
+                f"wheel {entry.filename!r} is listed twice, with sha256 {first.sha256} and "
+                f"{entry.sha256}" + ("" if first.requires_python == entry.requires_python else
+                                     f" and requires_python {first.requires_python!r} and "
+                                     f"{entry.requires_python!r}")
+                + "; one file has one hash: keep the entry of the file being published"
+            )
+        by_filename[entry.filename] = entry
         name, _version, _build, _tags = parse_wheel_filename(entry.filename)
         if name != project_dir:
             raise ValueError(f"wheel {entry.filename!r} is not a {project!r} wheel")
@@ -165,6 +202,8 @@ def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
             entries.append(IndexEntry(w["filename"], w["sha256"], w.get("requires_python")))
         except (KeyError, TypeError):
             raise ValueError(f"manifest wheels[{i}] needs 'filename' and 'sha256'") from None
+        except ValueError as exc:
+            raise ValueError(f"manifest wheels[{i}]: {exc}") from None
     return entries
 
 

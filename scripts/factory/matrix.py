@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 from . import arch
 from .arch import REPO_ROOT
 from .errors import FactoryError, MatrixError, exit_codes
+from .labels import LocalLabel
 from .model import OSES, Cell, Matrix, Target
 
 DEFAULT_MATRIX = REPO_ROOT / "build_matrix.yaml"
@@ -64,15 +65,51 @@ def _version_string(value: Any, field: str, where: str, problems: list[str]) -> 
                         f"(YAML reads unquoted 3.10 as 3.1); write {field}: \"{value}\"")
         return None
     try:
-        release = Version(value).release
+        version = Version(value)
     except InvalidVersion:
         problems.append(f"{where}: field {field!r}: {value!r} is not a version")
         return None
-    if len(release) < 2:
+    if len(version.release) < 2:
         problems.append(f"{where}: field {field!r}: {value!r} needs a major and a minor version, "
                         f"e.g. {field}: {EXAMPLES[field]}")
         return None
+    # A cell pins a release (torch==X.Y.*): a nightly or release candidate would be built and
+    # labelled as the final release it predates, which it is not ABI-compatible with.
+    if version.is_devrelease or version.is_prerelease:
+        kind = "a development (nightly) build" if version.is_devrelease else "a pre-release"
+        problems.append(f"{where}: field {field!r}: {value!r} is {kind}; the matrix builds "
+                        f"against final releases only, e.g. {field}: \"{version.base_version}\"")
+        return None
+    if version.local:
+        # The cell's own cuda field says which CUDA build of torch it uses; a label here would be
+        # installed as written (pip install torch==2.14.1+cu128) even where it disagrees.
+        why = ("the cell's 'cuda' field names torch's CUDA build" if field == "torch"
+               else "versions in the matrix are plain releases")
+        problems.append(f"{where}: field {field!r}: {value!r} has a local label "
+                        f"(+{version.local}); {why}: write {field}: \"{version.public}\"")
+        return None
+    label_problem = _label_problem(field, value)
+    if label_problem:
+        problems.append(f"{where}: field {field!r}: {value!r} cannot be written in the wheel's "
+                        f"local label: {label_problem}")
+        return None
     return value
+
+
+def _label_problem(field: str, value: str) -> str | None:
+    """Why the local label rule (sageattention/build_info.py) cannot spell ``value``, or None.
+
+    The rule is asked itself (it spells CUDA 13.0 as cu130, so a minor must be one digit) rather
+    than restating its limits here; the other parts of the probe label are placeholders.
+    """
+    if field not in ("torch", "cuda"):
+        return None
+    torch, cuda = (value, "0.0") if field == "torch" else ("0.0", value)
+    try:
+        LocalLabel.create((0,), torch, cuda)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _runner_labels(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
@@ -134,6 +171,9 @@ def _cell_problems(cell: Cell, families: Mapping[str, arch.Family]) -> list[str]
     torch_problem = arch.torch_cuda_problem(cell.torch, cell.cuda)
     if torch_problem:
         problems.append(f"field 'cuda': {torch_problem}")
+    python_problem = arch.torch_python_problem(cell.torch, cell.python)
+    if python_problem:
+        problems.append(f"field 'python': {python_problem}")
     for target in cell.targets:
         compile_problem = arch.sm_compile_problem(target.sm, cell.cuda)
         if compile_problem:

@@ -270,3 +270,92 @@ def test_nox_validate_passes_help_through_without_wheels(flag, tmp_path, monkeyp
     monkeypatch.setattr(validate, "main", lambda argv: seen.append(argv) or 0)
     noxfile._validate_session(90)(FakeSession(flag))
     assert seen == [[flag]]
+
+
+# ---------------------------------------------------------------- values no wheel can have
+
+
+def test_a_two_digit_cuda_minor_is_a_problem_naming_the_field_not_a_traceback(tmp_path, capsys):
+    # cuda "13.10" reached LocalLabel.create through cell.id: ValueError traceback, exit 1.
+    data = copy.deepcopy(BASE)
+    data["cells"][0]["cuda"] = "13.10"
+    (problem,) = problems_of(data)
+    assert problem.startswith("cells[0] (g): field 'cuda': '13.10'"), problem
+    assert "CUDA minor version must be one digit, got 10" in problem  # the label rule's words
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert matrix.main(["--check", str(path)]) == MatrixError.exit_code == 2
+    assert "field 'cuda'" in capsys.readouterr().err
+
+
+def test_nox_lists_no_sessions_but_names_the_problem_for_a_two_digit_cuda_minor(tmp_path):
+    pytest.importorskip("nox", reason="needs nox")
+    import shutil
+
+    for name in ("scripts", "sageattention"):
+        shutil.copytree(ROOT / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
+    for name in ("noxfile.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    data = copy.deepcopy(BASE)
+    data["cells"][0]["cuda"] = "13.10"
+    (tmp_path / "build_matrix.yaml").write_text(yaml.safe_dump(data))
+    result = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "noxfile.py cannot register sessions" in result.stderr
+    assert "field 'cuda': '13.10'" in result.stderr
+
+
+@pytest.mark.parametrize("python, torch, supported", [
+    ("2.7", "2.14.1", "3.10, 3.11, 3.12, 3.13, 3.14"),
+    ("3.8", "2.14.1", "3.10, 3.11, 3.12, 3.13, 3.14"),
+    ("3.9", "2.11.0", "3.10, 3.11, 3.12, 3.13, 3.14"),
+    ("3.14", "2.8.0", "3.9, 3.10, 3.11, 3.12, 3.13"),
+])
+def test_a_python_the_torch_release_ships_no_wheel_for_is_refused(python, torch, supported):
+    data = copy.deepcopy(BASE)
+    data["cells"][0].update(python=python, torch=torch,
+                            cuda="12.8" if torch.startswith("2.8") else "13.0")
+    (problem,) = problems_of(data)
+    mm = ".".join(torch.split(".")[:2])
+    assert "field 'python'" in problem and f"cell linux-cp{python.replace('.', '')}-" in problem
+    assert f"torch {mm} ships no wheel for Python {python} (it supports Python {supported})" \
+        in problem
+
+
+def test_every_python_each_torch_ships_loads():
+    from scripts.factory import arch
+
+    # One table per dimension, the same torch releases in both.
+    assert set(arch.TORCH_PYTHONS) == set(arch.TORCH_CUDA_BUILDS)
+    for torch_mm, pythons in arch.TORCH_PYTHONS.items():
+        m = parse(python=list(pythons), torch=f"{torch_mm}.0",
+                  cuda=arch.TORCH_CUDA_BUILDS[torch_mm][-1], sm=["sm80"])
+        assert sorted(c.python for c in m.cells) == sorted(pythons)
+
+
+def test_torch_with_a_local_label_is_refused():
+    # "2.14.1+cu128" in a cu130 cell was accepted and installed as pip install torch==2.14.1+cu128.
+    data = copy.deepcopy(BASE)
+    data["cells"][0]["torch"] = "2.14.1+cu128"
+    (problem,) = problems_of(data)
+    assert problem.startswith("cells[0] (g): field 'torch': '2.14.1+cu128' has a local label")
+    assert "the cell's 'cuda' field names torch's CUDA build" in problem
+    assert 'write torch: "2.14.1"' in problem
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("torch", "2.14.0.dev20260101", "a development (nightly) build"),
+    ("torch", "2.14.0rc1", "a pre-release"),
+    ("python", "3.12rc1", "a pre-release"),
+    ("python", "3.13.0a1", "a pre-release"),
+    ("cuda", "13.0.dev1", "a development (nightly) build"),
+])
+def test_pre_releases_and_nightlies_are_refused(field, value, kind):
+    data = copy.deepcopy(BASE)
+    data["cells"][0][field] = value
+    (problem,) = problems_of(data)
+    assert problem.startswith(f"cells[0] (g): field {field!r}: {value!r} is {kind}"), problem
+    assert "final releases only" in problem

@@ -880,3 +880,69 @@ def test_a_missing_or_edited_speedup_chart_is_refused(tmp_path, change):
     assert isinstance(verdict, release.Refused)
     assert any("speed-up chart" in r and ("missing" if change == "missing" else "not what the notes step")
                in r for r in verdict.reasons), verdict.reasons
+
+
+# ---------------------------------------------------------------- index entries pip cannot use
+
+
+def _index_manifest(tmp_path: Path, *wheels: dict) -> Path:
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"project": "sageattention", "wheels": list(wheels)}))
+    return path
+
+
+def test_index_cli_refuses_one_file_name_listed_with_two_hashes(tmp_path, capsys):
+    # It wrote two links to one file with different #sha256= on one page and exited 0.
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    manifest = _index_manifest(tmp_path, {"filename": name, "sha256": "a" * 64},
+                               {"filename": name, "sha256": "b" * 64})
+    site = tmp_path / "site"
+    assert index.main(["--manifest", str(manifest), "--out", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert f"wheel {name!r} is listed twice, with sha256 {'a' * 64} and {'b' * 64}" in err, err
+    assert not site.exists()
+
+
+def test_index_writes_one_link_for_an_entry_listed_twice_identically(tmp_path):
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    entry = index.IndexEntry(name, "c" * 64, ">=3.9")
+    index.write_index(tmp_path / "simple", "sageattention", [entry, entry])
+    page = (tmp_path / "simple" / "sm90.torch2.14cu130" / "sageattention" / "index.html")
+    assert page.read_text().count("<a href=") == 1
+
+
+def test_index_refuses_one_file_name_with_two_requires_python(tmp_path):
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    with pytest.raises(ValueError, match="listed twice.*requires_python '>=3.9' and '>=3.10'"):
+        index.write_index(tmp_path, "sageattention", [index.IndexEntry(name, "c" * 64, ">=3.9"),
+                                                      index.IndexEntry(name, "c" * 64, ">=3.10")])
+
+
+@pytest.mark.parametrize("sha256", ["00", "A" * 64, "g" * 64, "a" * 65, 123, None])
+def test_index_cli_refuses_a_sha256_that_is_not_64_lowercase_hex(tmp_path, capsys, sha256):
+    # "00" was written as #sha256=00: every install from the page then failed on the hash.
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    manifest = _index_manifest(tmp_path, {"filename": name, "sha256": sha256})
+    site = tmp_path / "site"
+    assert index.main(["--manifest", str(manifest), "--out", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert f"manifest wheels[0]: {name}: 'sha256' must be 64 lowercase hex digits, got " \
+        f"{sha256!r}" in err, err
+    assert not site.exists()
+
+
+@pytest.mark.parametrize("requires_python, words", [
+    (5, "'requires_python' must be a string such as '>=3.9' or null, got 5"),
+    ([">=3.9"], "'requires_python' must be a string such as '>=3.9' or null, got ['>=3.9']"),
+    ("3.9+", "'requires_python' '3.9+' is not a version specifier"),
+])
+def test_index_cli_refuses_a_requires_python_that_is_not_a_specifier(tmp_path, capsys,
+                                                                      requires_python, words):
+    # requires_python: 5 was an AttributeError traceback (exit 1; documented as 2).
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    manifest = _index_manifest(tmp_path, {"filename": name, "sha256": "a" * 64,
+                                          "requires_python": requires_python})
+    assert index.main(["--manifest", str(manifest), "--out", str(tmp_path / "site")]) == 2
+    err = capsys.readouterr().err
+    assert f"manifest wheels[0]: {name}: {words}" in err, err
+    assert len(err.strip().splitlines()) == 1
