@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from scripts.factory import chart as charts
 from scripts.factory import report as reports
-from scripts.factory.labels import expectation
+from scripts.factory.labels import LocalLabel, expectation
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO / "release_notes"
@@ -51,12 +51,48 @@ def _sms(report: dict) -> list[tuple[int, bool]]:
     if info.get("sm_targets"):
         return [(t.sm, t.ptx) for t in map(parse_target, info["sm_targets"])]
     _, version, _, _ = reports.parse_wheel_name(report["wheel"]["filename"])
-    local = version.local or ""
-    return [(int(part[2:]), False) for part in local.split(".") if part.startswith("sm")]
+    try:
+        return [(sm, False) for sm in LocalLabel.parse(version.local or "").sms]
+    except ValueError:
+        return []  # not a factory label: the note says "unknown SM"
 
 
 def _sm_title(sm: int) -> str:
     return f"SM{sm}/{ARCH_NAMES.get(sm, 'unknown architecture')}"
+
+
+def _enumerate(words: list[str], conjunction: str) -> str:
+    """'A', 'A and B', 'A, B and C'."""
+    return words[0] if len(words) == 1 else \
+        f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
+
+
+def _arch_names(sms: list[tuple[int, bool]]) -> list[str]:
+    """The architectures of the wheel's SMs, each once, in SM order (sm80 and sm86: Ampere)."""
+    names = [ARCH_NAMES.get(sm, f"SM{sm}") for sm, _ in sorted(sms)]
+    return list(dict.fromkeys(names))
+
+
+def _gpu_capability_sm(env: dict) -> int:
+    major, minor = env["compute_capability"].split(".")  # validated: '8.6'
+    return int(major) * 10 + int(minor)
+
+
+def _sass_that_ran(sms: list[tuple[int, bool]], gpu_sm: int) -> int | None:
+    """The wheel's SM target whose SASS a native run executed: of the targets whose SASS runs on
+    the GPU (the suite's rule, sass_runs_on), the newest, which the CUDA loader picks; None when
+    the report names no target."""
+    fits = [sm for sm, _ in sms if expectation().sass_runs_on(sm, gpu_sm)]
+    return max(fits) if fits else None
+
+
+def _timer_name(report: dict) -> str:
+    """The timer of the performance figures. benchmark.cuda_timer uses triton.testing.do_bench
+    when Triton imports and CUDA events otherwise; performance.method names both alternatives,
+    so the run's environment.triton (its Triton, or null) says which one timed this run."""
+    if report["environment"].get("triton"):
+        return "`triton.testing.do_bench`"
+    return "CUDA-event timings without Triton"  # the report's method: "CUDA events without Triton"
 
 
 def _families(report: dict) -> dict:
@@ -182,14 +218,22 @@ def render(report: dict, source_name: str) -> str:
         ptx_arch = {b.get("ptx_arch") for b in (report.get("expectation") or {})
                     .get("native_backends", []) if b.get("ptx_arch")}
         ptx_name = ", ".join(sorted(ptx_arch)) or "embedded"
-        targets = " / ".join(_sm_title(sm) for sm, _ in sms)
+        # every architecture the wheel targets, from the SM numbers (sm75+sm80: Turing and Ampere)
+        archs = _arch_names(sms)
+        code = (f"the {_enumerate(archs, 'and')} code path{'s' if len(archs) > 1 else ''}"
+                if archs else "the wheel's code path")
+        hardware = f"{_enumerate(archs, 'or')} hardware" if archs else "its target hardware"
         add(f"**Execution: PTX JIT.** Validated on the {gpu} by running the {ptx_name} PTX "
-            f"through the driver's JIT; this checks the {targets.split('/')[-1]} code path, not "
-            f"{targets.split('/')[-1]} hardware. No result below was measured on a "
-            f"{', '.join(f'SM{sm}' for sm, _ in sms)} GPU.")
+            f"through the driver's JIT; this checks {code}, not {hardware}. No result below was "
+            f"measured on a {', '.join(f'SM{sm}' for sm, _ in sms) or 'target'} GPU.")
     else:
-        add(f"**Execution: native.** The kernels ran as compiled machine code (SASS) for "
-            f"{gpu_sm.upper()} on the {env['gpu_name']}.")
+        # name the wheel's target whose SASS ran, not the GPU's SM (sm80 SASS runs on an 8.6 GPU)
+        sass = _sass_that_ran(sms, _gpu_capability_sm(env))
+        where = f"on the {env['gpu_name']} (compute capability {env['compute_capability']})"
+        add(f"**Execution: native.** The kernels ran as compiled machine code: the wheel's "
+            f"sm_{sass} SASS {where}." if sass is not None else
+            f"**Execution: native.** The kernels ran as compiled machine code (SASS) {where}; "
+            f"the report does not name the wheel's SM targets.")
     add("")
 
     _validation_section(report, gpu, ptx, add)
@@ -280,7 +324,7 @@ def _performance_section(report, perf, ptx, gpu, add) -> None:
     timer = perf.get("timer") or {}
     add(f"Measured on the {gpu}, end to end (quantization included), against PyTorch SDPA's "
         f"default backend on the same inputs in the same process; median of "
-        f"`triton.testing.do_bench`"
+        f"{_timer_name(report)}"
         + (f" (each timing after {timer['warmup_ms']:g} ms of warm-up, over {timer['rep_ms']:g} ms)"
            if timer.get("warmup_ms") is not None and timer.get("rep_ms") is not None else "")
         + (f", then the median of {rounds} interleaved rounds" if rounds > 1 else "")

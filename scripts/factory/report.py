@@ -6,6 +6,8 @@ checked, and written atomically. The fields other code relies on (docs/architect
 ``schema_version``, ``wheel.filename``, ``wheel.sha256``, ``environment.gpu_name``,
 ``environment.compute_capability``, ``execution``, ``checks[]`` (``name``, ``status``,
 ``backend``), ``performance.cases[]`` (``speedup_vs_sdpa``), ``performance.geomean_speedup_vs_sdpa``.
+The other fields a note or chart states are type-checked here too (``_check_stated_fields``), so a
+report that loads always renders.
 Stdlib and ``packaging`` only: it runs on offline GPU runners.
 """
 
@@ -176,6 +178,7 @@ def validate_report(doc: Any) -> list[str]:
         problems.append(f"execution must be one of {EXECUTIONS}, got {doc.get('execution')!r}")
     problems += _check_checks(doc.get("checks"))
     problems += _check_performance(doc.get("performance"))
+    problems += _check_stated_fields(doc, env)
     if filename is not None:
         problems += _run_fits_wheel(doc, filename, env)
     return problems
@@ -217,6 +220,7 @@ def _run_fits_wheel(doc: dict, filename: str, env: dict) -> list[str]:
                             f"({', '.join(f'sm{sm}' for sm in label.sms)}) have no SASS for "
                             f"compute capability {cap[0]}.{cap[1]}: there it can only run PTX "
                             "through the driver's JIT (ptx-jit)")
+    problems += _native_needs_sass(doc, env)
     stated = doc.get("expectation")
     if isinstance(stated, dict) and stated.get("execution") not in (None, doc.get("execution")):
         problems.append(f"execution is {doc.get('execution')!r}, but expectation.execution is "
@@ -228,6 +232,25 @@ def _run_fits_wheel(doc: dict, filename: str, env: dict) -> list[str]:
         problems.append(f"the wheel {filename} is for {', '.join(sorted(cpython))}, but the run "
                         f"used Python {env['python']}: a report only covers the wheel it ran")
     return problems
+
+
+def _native_needs_sass(doc: dict, env: dict) -> list[str]:
+    """'native' also needs SASS for the run's GPU among the SM targets the build info lists (the
+    ones a note names as the code that ran), not only among the label's."""
+    info = doc.get("build_info")
+    targets = info.get("sm_targets") if isinstance(info, dict) else None
+    cap = _major_minor(env.get("compute_capability"))
+    if doc.get("execution") != "native" or cap is None or not _text_list(targets) or not targets:
+        return []
+    try:
+        sms = [expectation().parse_target(t).sm for t in targets]
+    except ValueError:
+        return []  # said by _check_build_info
+    if any(expectation().sass_runs_on(sm, cap[0] * 10 + cap[1]) for sm in sms):
+        return []
+    return [f"execution is 'native', but build_info.sm_targets ({', '.join(targets)}) have no "
+            f"SASS for compute capability {cap[0]}.{cap[1]}: there it can only run PTX through "
+            "the driver's JIT (ptx-jit)"]
 
 
 def _check_checks(checks: Any) -> list[str]:
@@ -252,6 +275,224 @@ def _check_checks(checks: Any) -> list[str]:
             problems.append(f"{where} ({name}) is {status} without a reason")
         if "backend" not in check or not isinstance(check["backend"], (str, type(None))):
             problems.append(f"{where}.backend must be a string or null")
+        problems += _check_check_details(where, check)
+    return problems
+
+
+# -- the fields a note, a chart or a release states ---------------------------------------------
+# scripts/factory/notes.py and chart.py format these fields without checking them again: a report
+# that passes here must render, so every type they rely on is checked here, once.
+
+_ENV_TEXT = ("os", "os_release", "machine", "python", "python_implementation", "torch",
+             "cuda_runtime", "driver", "triton", "date")
+_FAMILY_TEXT_LISTS = ("ops", "qk_quant_gran", "pv_accum_dtype", "serves")
+
+
+def _number(x: Any) -> bool:
+    return _number_or_none(x) and x is not None
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _text_or_none(x: Any) -> bool:
+    return x is None or isinstance(x, str)
+
+
+def _text_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(i, str) for i in x)
+
+
+def _version_problem(where: str, text: Any) -> list[str]:
+    try:
+        Version(text)
+    except (InvalidVersion, TypeError):
+        return [f"{where} must be a version such as '2.11.0+cu130', got {text!r}"]
+    return []
+
+
+def _check_stated_fields(doc: dict, env: dict) -> list[str]:
+    problems = [f"environment.{key} must be a string or null, got {env[key]!r}"
+                for key in _ENV_TEXT if not _text_or_none(env.get(key))]
+    if isinstance(env.get("torch"), str):
+        problems += _version_problem("environment.torch", env["torch"])
+    problems += _check_gpu_sm(env)
+    problems += _check_build_info(doc.get("build_info"))
+    run = doc.get("run")
+    if "run" in doc and not (isinstance(run, dict) and _text_or_none(run.get("command"))):
+        problems.append("run must be an object whose command is a string")
+    expected = doc.get("expectation")
+    if expected is not None:
+        backends = expected.get("native_backends") if isinstance(expected, dict) else None
+        if not isinstance(expected, dict) or not isinstance(backends, (list, type(None))) or any(
+                not isinstance(b, dict) or not _text_or_none(b.get("ptx_arch"))
+                for b in backends or []):
+            problems.append("expectation must be an object whose native_backends is a list of "
+                            "objects with ptx_arch a string or null")
+    problems += _check_families(doc.get("families"))
+    problems += _check_backends_table(doc.get("backends_table"))
+    problems += _check_accuracy(doc.get("accuracy"))
+    return problems
+
+
+def _check_gpu_sm(env: dict) -> list[str]:
+    gpu_sm = env.get("gpu_sm")
+    if gpu_sm is None:
+        return []
+    if not isinstance(gpu_sm, str) or not re.fullmatch(r"sm\d{2,3}", gpu_sm):
+        return [f"environment.gpu_sm must look like 'sm90', got {gpu_sm!r}"]
+    cap = _major_minor(env.get("compute_capability"))
+    if cap is not None and gpu_sm != f"sm{cap[0]}{cap[1]}":
+        return [f"environment.gpu_sm {gpu_sm!r} is not compute capability "
+                f"{env['compute_capability']}: the report contradicts itself"]
+    return []
+
+
+def _check_build_info(info: Any) -> list[str]:
+    if info is None:
+        return []
+    if not isinstance(info, dict):
+        return [f"build_info must be an object or null, got {type(info).__name__}"]
+    problems = []
+    targets = info.get("sm_targets")
+    if targets is not None:
+        if not _text_list(targets):
+            problems.append(f"build_info.sm_targets must be a list of strings, got {targets!r}")
+        else:
+            for i, text in enumerate(targets):
+                try:  # the suite's own rule for a target (validation/expectation.py)
+                    expectation().parse_target(text)
+                except ValueError as exc:
+                    problems.append(f"build_info.sm_targets[{i}]: {exc}")
+    if info.get("torch") is not None:
+        problems += _version_problem("build_info.torch", info["torch"])
+    for key in ("cuda", "git_commit", "build_date", "cell_id"):
+        if not _text_or_none(info.get(key)):
+            problems.append(f"build_info.{key} must be a string or null, got {info[key]!r}")
+    compilers = info.get("compilers")
+    if compilers is not None and not (isinstance(compilers, dict)
+                                      and all(isinstance(v, str) for v in compilers.values())):
+        problems.append(f"build_info.compilers must be an object of strings, got {compilers!r}")
+    if info.get("families") is not None and not _text_list(info["families"]):
+        problems.append(f"build_info.families must be a list of strings, got "
+                        f"{info['families']!r}")
+    return problems
+
+
+def _check_families(families: Any) -> list[str]:
+    if families is None:
+        return []
+    if not isinstance(families, dict) or not all(isinstance(s, dict) for s in families.values()):
+        return ["families must be an object of family tables (objects) or null"]
+    problems = []
+    for name, spec in families.items():
+        for key in _FAMILY_TEXT_LISTS:
+            if key in spec and not _text_list(spec[key]):
+                problems.append(f"families[{name!r}].{key} must be a list of strings")
+        if "head_dims" in spec and not (isinstance(spec["head_dims"], list)
+                                        and all(map(_int, spec["head_dims"]))):
+            problems.append(f"families[{name!r}].head_dims must be a list of integers")
+    return problems
+
+
+def _check_backends_table(table: Any) -> list[str]:
+    if table is None:
+        return []
+    if not isinstance(table, list):
+        return ["backends_table must be a list or null"]
+    problems = []
+    for i, row in enumerate(table):
+        where = f"backends_table[{i}]"
+        if not isinstance(row, dict):
+            problems.append(f"{where} must be an object")
+            continue
+        if not isinstance(row.get("name"), str) or not _text_or_none(row.get("kind")):
+            problems.append(f"{where}.name and .kind must be strings")
+        low = row.get("min_capability")
+        if low is not None and not (isinstance(low, list) and len(low) == 2
+                                    and all(map(_int, low))):
+            problems.append(f"{where}.min_capability must be [major, minor] or null, got {low!r}")
+        if row.get("max_batch_and_heads") is not None and not _int(row["max_batch_and_heads"]):
+            problems.append(f"{where}.max_batch_and_heads must be an integer or null")
+    return problems
+
+
+def _check_accuracy(acc: Any) -> list[str]:
+    if acc is None:
+        return []
+    if not isinstance(acc, dict):
+        return [f"accuracy must be an object (backend -> figures) or null, got "
+                f"{type(acc).__name__}"]
+    problems = []
+    for backend, figures in acc.items():
+        where = f"accuracy[{backend!r}]"
+        if not isinstance(figures, dict):
+            problems.append(f"{where} must be an object")
+            continue
+        missing = [k for k in ("min_cosine", "median_cosine", "max_rel_l1", "median_rel_l1")
+                   if not _number(figures.get(k))]
+        if missing:
+            problems.append(f"{where} lacks the figure(s) {', '.join(missing)} (numbers)")
+        if not _int(figures.get("cases")):
+            problems.append(f"{where}.cases must be an integer")
+    return problems
+
+
+def _check_check_details(where: str, check: dict) -> list[str]:
+    """The parts of a check a note states beyond name, status and backend."""
+    problems = []
+    if not _text_or_none(check.get("reason")):
+        problems.append(f"{where}.reason must be a string or null")
+    if check.get("backends") is not None and not _text_list(check["backends"]):
+        problems.append(f"{where}.backends must be a list of strings, got {check['backends']!r}")
+    errors = check.get("errors")
+    if errors is not None:
+        if not isinstance(errors, dict) or any(
+                not _number_or_none(errors.get(k)) for k in ("cosine", "rel_l1", "max_abs")) \
+                or not isinstance(errors.get("finite", True), bool):
+            problems.append(f"{where}.errors must be an object of cosine, rel_l1, max_abs "
+                            f"(numbers or null) and finite (true/false), got {errors!r}")
+    return problems
+
+
+def _check_performance_details(perf: dict) -> list[str]:
+    """The parts of the performance section a note or chart states beyond the speed-ups."""
+    problems = []
+    for key in ("method", "error", "skipped"):
+        if not _text_or_none(perf.get(key)):
+            problems.append(f"performance.{key} must be a string or null")
+    rounds = perf.get("rounds")
+    if rounds is not None and not (_int(rounds) and rounds >= 1):
+        problems.append(f"performance.rounds must be a positive integer, got {rounds!r}")
+    timer = perf.get("timer")
+    if timer is not None and not (isinstance(timer, dict) and _number_or_none(
+            timer.get("warmup_ms")) and _number_or_none(timer.get("rep_ms"))):
+        problems.append(f"performance.timer must be an object of warmup_ms and rep_ms "
+                        f"(numbers), got {timer!r}")
+    by_backend = perf.get("geomean_speedup_vs_sdpa_by_backend")
+    if by_backend is not None and not (isinstance(by_backend, dict)
+                                       and all(map(_number_or_none, by_backend.values()))):
+        problems.append(f"performance.geomean_speedup_vs_sdpa_by_backend must be an object of "
+                        f"numbers or null (backend -> figure), got {by_backend!r}")
+    acc = perf.get("accuracy")
+    if acc is not None and not (isinstance(acc, dict) and all(
+            _number_or_none(acc.get(k)) for k in ("min_cosine", "max_rel_l1", "max_abs"))
+            and (acc.get("min_cosine") is None) == (acc.get("max_rel_l1") is None)):
+        problems.append(f"performance.accuracy must be an object whose min_cosine and "
+                        f"max_rel_l1 are both numbers or both null, got {acc!r}")
+    cases = perf.get("cases") if isinstance(perf.get("cases"), list) else []
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict):
+            continue  # said above
+        if "name" in case and not isinstance(case["name"], str):  # the chart prints it
+            problems.append(f"performance.cases[{i}].name must be a string")
+        for key in ("backend", "error"):
+            if not _text_or_none(case.get(key)):
+                problems.append(f"performance.cases[{i}].{key} must be a string or null")
+        for key in ("sdpa_tops", "sageattn_tops"):
+            if not _number_or_none(case.get(key)):
+                problems.append(f"performance.cases[{i}].{key} must be a number or null")
     return problems
 
 
@@ -276,6 +517,7 @@ def _check_performance(perf: Any) -> list[str]:
     if "geomean_speedup_vs_sdpa" not in perf or not _number_or_none(
             perf.get("geomean_speedup_vs_sdpa")):
         problems.append("performance.geomean_speedup_vs_sdpa must be a number or null")
+    problems += _check_performance_details(perf)
     if not problems:
         problems += _geomeans_come_from_cases(perf)
     return problems
@@ -326,6 +568,8 @@ def load_report(path: str | os.PathLike) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: not valid JSON ({exc})") from None
     problems = validate_report(doc)
+    if len(problems) == 1:
+        raise ReportError(f"{path} is not a valid report: {problems[0]}")
     if problems:
         raise ReportError(f"{path} is not a valid report:\n  " + "\n  ".join(problems))
     return doc

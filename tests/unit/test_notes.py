@@ -433,3 +433,88 @@ def test_notes_and_release_run_without_torch(tmp_path):
                          timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+# -- audit items 6-9: the note states what the report shows, and a malformed report is exit 2 ----
+
+def _as_sm80_wheel_on(doc: dict, *, targets: list[str], capability: str, gpu: str) -> dict:
+    """The sm90 fixture as a native run of an sm80 wheel (``targets``) on another GPU."""
+    name = "sageattention-2.2.0+sm80.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
+    doc["wheel"].update(filename=name, version="2.2.0+sm80.torch2.11cu130")
+    doc["build_info"]["sm_targets"] = targets
+    doc["environment"].update(gpu_name=gpu, compute_capability=capability,
+                              gpu_sm="sm" + capability.replace(".", ""))
+    assert reports.validate_report(doc) == [], reports.validate_report(doc)
+    return doc
+
+
+@pytest.mark.parametrize("targets,capability,gpu,ran", [
+    (["sm80"], "8.6", "NVIDIA A10", "sm_80 SASS on the NVIDIA A10 (compute capability 8.6)"),
+    # of two targets whose SASS runs there, the loader takes the newest
+    (["sm80", "sm86"], "8.6", "NVIDIA A10", "sm_86 SASS on the NVIDIA A10"),
+    (["sm80", "sm90"], "8.0", "NVIDIA A100", "sm_80 SASS on the NVIDIA A100 (compute capability "
+                                             "8.0)"),
+])
+def test_a_native_note_names_the_wheels_sass_target_that_ran(targets, capability, gpu, ran):
+    # An sm80 wheel validated on an A10 (8.6) was said to run "machine code (SASS) for SM86": the
+    # GPU's SM, a SASS the wheel does not carry.
+    doc = _as_sm80_wheel_on(reports.load_report(FIXTURES / f"{STEM90}.report.json"),
+                            targets=targets, capability=capability, gpu=gpu)
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert f"**Execution: native.** The kernels ran as compiled machine code: the wheel's {ran}" \
+        in text
+    assert "(SASS) for SM" not in text
+
+
+def test_the_timer_named_is_the_one_the_run_had():
+    # With Triton not installed the note still said the timings came from triton.testing.do_bench
+    # (and, a few lines up, "Triton: not installed").
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    assert "median of `triton.testing.do_bench`" in notes.render(doc, f"{STEM90}.report.json")
+    doc["environment"]["triton"] = None
+    text = notes.render(doc, f"{STEM90}.report.json")
+    assert "- Triton: not installed" in text
+    assert "median of CUDA-event timings without Triton; TOPS" in text
+    assert "do_bench" not in text
+
+
+def test_a_ptx_note_of_a_multi_sm_wheel_names_every_architecture():
+    # "SM75/Turing / SM80/Ampere".split('/')[-1] kept only "Ampere": the note of an sm75+sm80 PTX
+    # wheel said its run checked the Ampere code path, though compute_75 is Turing code.
+    doc = reports.load_report(FIXTURES / f"{STEM75}.report.json")
+    doc["build_info"]["sm_targets"] = ["sm75+PTX", "sm80+PTX"]
+    text = notes.render(doc, f"{STEM75}.report.json")
+    assert ("this checks the Turing and Ampere code paths, not Turing or Ampere hardware. No "
+            "result below was measured on a SM75, SM80 GPU.") in text
+    doc["build_info"]["sm_targets"] = ["sm80+PTX", "sm86+PTX"]  # one architecture, named once
+    assert "this checks the Ampere code path, not Ampere hardware" in \
+        notes.render(doc, f"{STEM75}.report.json")
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda d: d["accuracy"]["cuda-sm80-fp16"].pop("min_cosine"),
+     "accuracy['cuda-sm80-fp16'] lacks the figure(s) min_cosine"),
+    (lambda d: d["build_info"].update(torch="nightly"), "build_info.torch must be a version"),
+    (lambda d: d["build_info"].update(sm_targets=["8.9"]),
+     "build_info.sm_targets[0]: unrecognised SM target '8.9'"),
+    (lambda d: d.update(build_info=[d["build_info"]]), "build_info must be an object or null"),
+    (lambda d: d["checks"][0].update(errors="bad"), "checks[0].errors must be an object"),
+    (lambda d: d["checks"][0].update(backends="cuda-sm89-fp8"),
+     "checks[0].backends must be a list of strings"),
+    (lambda d: d["environment"].update(gpu_sm=90), "environment.gpu_sm must look like 'sm90'"),
+    (lambda d: d["performance"].update(geomean_speedup_vs_sdpa_by_backend=[1]),
+     "performance.geomean_speedup_vs_sdpa_by_backend must be an object"),
+], ids=["accuracy", "torch", "sm_targets", "build_info", "errors", "backends", "gpu_sm",
+        "by_backend"])
+def test_a_report_with_a_malformed_field_is_exit_2_with_one_line(tmp_path, capsys, mutate, field):
+    # These reports passed load_report and then raised KeyError, InvalidVersion, ValueError or
+    # AttributeError in render: a traceback with exit 1, which --check means "a note is stale".
+    doc = json.loads((FIXTURES / f"{STEM90}.report.json").read_text())
+    mutate(doc)
+    path = tmp_path / f"{STEM90}.report.json"
+    path.write_text(json.dumps(doc))
+    assert notes.main([str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path} is not a valid report: {err.split(': ', 2)[2]}"
+    assert field in err and err.count("\n") == 1, err
+    assert not (tmp_path / f"{STEM90}.md").exists()

@@ -493,3 +493,69 @@ def test_a_report_only_covers_a_run_its_wheel_admits(path, mutate, message):
     assert reports.validate_report(doc) == []
     mutate(doc)
     assert any(message in p for p in reports.validate_report(doc)), reports.validate_report(doc)
+
+
+# -- the fields a note states are checked here, once (audit item 9) -----------------------------
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["accuracy"]["cuda-sm80-fp16"].pop("min_cosine"),
+     "accuracy['cuda-sm80-fp16'] lacks the figure(s) min_cosine (numbers)"),
+    (lambda d: d["accuracy"].update({"cuda-sm80-fp16": [1]}),
+     "accuracy['cuda-sm80-fp16'] must be an object"),
+    (lambda d: d["build_info"].update(torch="nightly"),
+     "build_info.torch must be a version such as '2.11.0+cu130', got 'nightly'"),
+    (lambda d: d["build_info"].update(sm_targets=["sm90", "8.9"]),
+     "build_info.sm_targets[1]: unrecognised SM target '8.9'"),
+    (lambda d: d["build_info"].update(sm_targets="sm90"), "build_info.sm_targets must be a list"),
+    (lambda d: d.update(build_info=[]), "build_info must be an object or null, got list"),
+    (lambda d: d["build_info"].update(compilers=["nvcc"]), "build_info.compilers must be"),
+    (lambda d: d["checks"][0].update(errors="bad"), "checks[0].errors must be an object"),
+    (lambda d: d["checks"][0].update(errors={"cosine": "high"}), "checks[0].errors must be"),
+    (lambda d: d["checks"][0].update(backends="cuda-sm89-fp8"),
+     "checks[0].backends must be a list of strings"),
+    (lambda d: d["environment"].update(gpu_sm=90), "environment.gpu_sm must look like 'sm90'"),
+    (lambda d: d["environment"].update(gpu_sm="sm86"),
+     "environment.gpu_sm 'sm86' is not compute capability 9.0"),
+    (lambda d: d["environment"].update(python=3.12), "environment.python must be a string"),
+    (lambda d: d["environment"].update(torch="latest"), "environment.torch must be a version"),
+    (lambda d: d["performance"].update(geomean_speedup_vs_sdpa_by_backend=[1]),
+     "performance.geomean_speedup_vs_sdpa_by_backend must be an object"),
+    (lambda d: d["performance"].update(timer=[100, 40]), "performance.timer must be an object"),
+    (lambda d: d["performance"].update(rounds="3"), "performance.rounds must be a positive"),
+    (lambda d: d["performance"].update(accuracy={"min_cosine": 0.99, "max_rel_l1": None}),
+     "performance.accuracy must be an object whose min_cosine and max_rel_l1"),
+    (lambda d: d["performance"]["cases"][0].update(name=7),
+     "performance.cases[0].name must be a string"),
+    (lambda d: d.update(run=None), "run must be an object"),
+    (lambda d: d.update(families={"sm80": "x"}), "families must be an object of family tables"),
+    (lambda d: d["families"]["sm80"].update(head_dims="64"),
+     "families['sm80'].head_dims must be a list of integers"),
+    (lambda d: d.update(backends_table=["x"]), "backends_table[0] must be an object"),
+    (lambda d: d["expectation"].update(native_backends={"a": 1}),
+     "expectation must be an object whose native_backends is a list"),
+    # 'native' needs SASS for the GPU among the targets the build info names (the note names it)
+    (lambda d: d["build_info"].update(sm_targets=["sm80"]),
+     "build_info.sm_targets (sm80) have no SASS for compute capability 9.0"),
+])
+def test_fields_a_note_states_are_checked(tmp_path, mutate, message):
+    # Each of these passed load_report, then the note's render raised on it.
+    doc = stored()
+    assert reports.validate_report(doc) == []
+    mutate(doc)
+    problems = reports.validate_report(doc)
+    assert any(message in p for p in problems), problems
+    path = tmp_path / SM90.name
+    path.write_text(json.dumps(doc))
+    with pytest.raises(reports.ReportError) as caught:
+        reports.load_report(path)
+    if len(problems) == 1:  # one problem: one line, naming the file and the field
+        assert str(caught.value) == f"{path} is not a valid report: {problems[0]}"
+
+
+STORED = sorted((Path(__file__).parents[2] / "release_notes").glob("*.report.json")) + sorted(
+    (FIXTURES.parent / "release" / "release_notes").glob("*.report.json"))
+
+
+@pytest.mark.parametrize("path", STORED, ids=lambda p: p.name[:40])
+def test_the_stored_reports_pass_the_checks_of_the_fields_a_note_states(path):
+    assert reports.validate_report(json.loads(path.read_text())) == []
