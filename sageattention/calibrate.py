@@ -40,6 +40,11 @@ EXTRA_SHAPES = ((32, 128), (16, 512), (2, 8192))
 # nearest entry to such a call is a self-attention shape.
 EXTRA_KV_SHAPES = ((8, 1, 8192), (4, 4096, 256), (1, 512, 16384))
 EXTRA_HEADS = 32
+# And (batch, heads, seq_len), causal and not: few heads at moderate lengths, where a kernel's last
+# wave of tiles is part-empty. The grid above pairs few tiles per head with many heads and the
+# reverse, so the nearest entry to 2x10x4096x64 was 2x32x8192x64 (the sm90 kernel 1.23x there),
+# and sageattn ran that kernel at 0.84x SDPA (benchmarks/results/h100-2026-12-07-offgrid-5b510a1.log).
+EXTRA_FEW_HEADS_SHAPES = ((1, 16, 2048), (1, 16, 4096), (1, 16, 8192))
 EXTRA_HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16")
 # Interleaved timing rounds per shape, medians kept: one round let a single slow SDPA timing decide
@@ -60,12 +65,15 @@ class BenchmarkFormatError(ValueError):
 
 
 def calibration_cases() -> list[Case]:
-    """The calibration grid: the benchmark's 20 standard cases plus EXTRA_SHAPES and EXTRA_KV_SHAPES."""
+    """The calibration grid: the benchmark's 20 standard cases plus EXTRA_SHAPES, EXTRA_KV_SHAPES and
+    EXTRA_FEW_HEADS_SHAPES."""
     extra = [Case(dt, b, EXTRA_HEADS, n, d, c) for dt in DTYPES for d in EXTRA_HEAD_DIMS
              for b, n in EXTRA_SHAPES for c in (False, True)]
     extra_kv = [Case(dt, b, EXTRA_HEADS, n, d, False, kv) for dt in DTYPES for d in EXTRA_HEAD_DIMS
                 for b, n, kv in EXTRA_KV_SHAPES]
-    return benchmark.standard_cases(DTYPES) + extra + extra_kv
+    few_heads = [Case(dt, b, h, n, d, c) for dt in DTYPES for d in EXTRA_HEAD_DIMS
+                 for b, h, n in EXTRA_FEW_HEADS_SHAPES for c in (False, True)]
+    return benchmark.standard_cases(DTYPES) + extra + extra_kv + few_heads
 
 
 def close_calls(rows: list[dict], *, threshold: float, band: float = REFINE_BAND) -> list[tuple[int, str]]:
@@ -225,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
                f"{' and '.join(map(str, EXTRA_HEAD_DIMS))}, causal and not, (batch, seq_len) in "
                f"{', '.join(f'({b}, {n})' for b, n in EXTRA_SHAPES)} with {EXTRA_HEADS} heads, and "
                f"non-causal (batch, seq_len, kv_len) in "
-               f"{', '.join(f'({b}, {n}, {kv})' for b, n, kv in EXTRA_KV_SHAPES)}. "
+               f"{', '.join(f'({b}, {n}, {kv})' for b, n, kv in EXTRA_KV_SHAPES)}, and causal and "
+               f"not (batch, heads, seq_len) in "
+               f"{', '.join(f'({b}, {h}, {n})' for b, h, n in EXTRA_FEW_HEADS_SHAPES)}. "
                "Timings are end to end (quantization included), median of triton.testing.do_bench. "
                "The dispatcher reads sageattention/calibration/sm<major><minor>-<model>.json for the "
                "GPU model it names (e.g. sm90-nvidia-h200.json for an NVIDIA H200), else "

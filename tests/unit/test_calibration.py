@@ -363,14 +363,16 @@ def test_dumps_is_sorted_stable_and_valid():
 def test_calibration_grid():
     cases = calibrate.calibration_cases()
     names = [c.name for c in cases]
-    assert len(cases) == 20 + 2 * 2 * 3 * 2 + 2 * 2 * 3 and len(set(names)) == len(names)
+    assert len(cases) == 20 + 2 * 2 * 3 * 2 + 2 * 2 * 3 + 2 * 2 * 3 * 2 and len(set(names)) == len(names)
     assert {c.name for c in benchmark.standard_cases()} <= set(names)
     assert "bf16 32x32x128x64 causal" in names and "fp16 2x32x8192x128 non-causal" in names
     # keys other than queries: decoding, cross-attention, a prompt chunk (non-causal only)
     assert {"fp16 8x32x1/8192x128 non-causal", "bf16 4x32x4096/256x64 non-causal",
             "fp16 1x32x512/16384x128 non-causal"} <= set(names)
     assert not any(c.causal and c.kv_len for c in cases)
-    assert {c.heads for c in cases} == {32}
+    # few heads at moderate lengths (a part-empty last wave of tiles), causal and not
+    assert {"fp16 1x16x4096x64 non-causal", "bf16 1x16x2048x128 causal"} <= set(names)
+    assert {c.heads for c in cases} == {32, 16}
 
 
 def test_case_keys_other_than_queries():
@@ -619,7 +621,7 @@ def test_measuring_path_with_the_gpu_faked(tmp_path, monkeypatch, capsys):
     assert "or sm90-test-gpu.json (that model alone)" in capsys.readouterr().err and not seen
     out, raw = tmp_path / "sm90.json", tmp_path / "bench.json"
     assert calibrate.main(["--out", str(out), "--benchmark-json", str(raw), "--rounds", "3"]) == 0
-    assert seen == {"cases": 56, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
+    assert seen == {"cases": 80, "others": benchmark.known_backends() + ["sdpa"], "primary": None,
                     "rounds": 3, "enabled": False}
     table = calibration.load(out)
     assert table.command == (f"python -m sageattention.calibrate --out {out} --benchmark-json {raw} "
