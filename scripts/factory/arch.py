@@ -100,32 +100,33 @@ def sm_compile_problem(sm: int, cuda: str) -> str | None:
     return None
 
 
+def _torch_table_problem(table: Mapping[str, tuple[str, ...]], table_name: str, what: str,
+                         torch_version: str, value: str, missing) -> str | None:
+    """The lookup both torch tables share: None when ``value``'s major.minor is listed for the
+    torch release, else ``missing(torch major.minor, listed)`` or, for a torch release the table
+    does not know, what to add where."""
+    mm = major_minor(torch_version)
+    listed = table.get(mm)
+    if listed is None:
+        return (f"torch {mm} is not in the known torch/{what} table (known: {', '.join(table)}); "
+                f"add it to {table_name} in scripts/factory/arch.py once PyTorch publishes it")
+    return None if major_minor(value) in listed else missing(mm, listed)
+
+
 def torch_cuda_problem(torch_version: str, cuda: str) -> str | None:
     """Why no torch ``torch_version`` build for CUDA ``cuda`` exists, or None when one does."""
-    mm = major_minor(torch_version)
-    builds = TORCH_CUDA_BUILDS.get(mm)
-    if builds is None:
-        return (f"torch {mm} is not in the known torch/CUDA table (known: "
-                f"{', '.join(TORCH_CUDA_BUILDS)}); add it to TORCH_CUDA_BUILDS in "
-                "scripts/factory/arch.py once PyTorch publishes it")
-    if major_minor(cuda) not in builds:
-        tags = ", ".join("cu" + b.replace(".", "") for b in builds)
-        return f"torch {mm} has no CUDA {cuda} build (it ships: {tags})"
-    return None
+    return _torch_table_problem(
+        TORCH_CUDA_BUILDS, "TORCH_CUDA_BUILDS", "CUDA", torch_version, cuda,
+        lambda mm, builds: f"torch {mm} has no CUDA {cuda} build (it ships: "
+                           f"{', '.join('cu' + b.replace('.', '') for b in builds)})")
 
 
 def torch_python_problem(torch_version: str, python: str) -> str | None:
     """Why no torch ``torch_version`` wheel for CPython ``python`` exists, or None when one does."""
-    mm = major_minor(torch_version)
-    pythons = TORCH_PYTHONS.get(mm)
-    if pythons is None:
-        return (f"torch {mm} is not in the known torch/Python table (known: "
-                f"{', '.join(TORCH_PYTHONS)}); add it to TORCH_PYTHONS in "
-                "scripts/factory/arch.py once PyTorch publishes it")
-    if major_minor(python) not in pythons:
-        return (f"torch {mm} ships no wheel for Python {python} (it supports Python "
-                f"{', '.join(pythons)})")
-    return None
+    return _torch_table_problem(
+        TORCH_PYTHONS, "TORCH_PYTHONS", "Python", torch_version, python,
+        lambda mm, pythons: f"torch {mm} ships no wheel for Python {python} (it supports Python "
+                            f"{', '.join(pythons)})")
 
 
 @dataclasses.dataclass(frozen=True)
