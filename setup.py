@@ -33,6 +33,12 @@ from scripts.factory.labels import base_version  # noqa: E402
 COMPILE_COMMANDS = {"bdist_wheel", "build", "build_ext", "build_py", "install", "develop",
                     "editable_wheel"}
 commands = set(sys.argv[1:])  # option values in here are harmless: only names are compared
+if "sdist" in commands and commands & COMPILE_COMMANDS:
+    # one process cannot do both: the sdist must carry no label and no kernels, the wheel both
+    sys.exit("\nerror: build the sdist and the wheel in two commands (python -m build does: "
+             "python -m build --sdist, then python -m build --wheel --no-isolation); `setup.py "
+             f"sdist {' '.join(sorted(commands & COMPILE_COMMANDS))}` in one process would give a "
+             "wheel without its kernels\n")
 building = bool(commands & (COMPILE_COMMANDS | {"dist_info"})) and "sdist" not in commands
 compiling = bool(commands & COMPILE_COMMANDS) and "sdist" not in commands
 

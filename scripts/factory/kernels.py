@@ -236,14 +236,17 @@ def compile_families(builds: Sequence[FamilyBuild], *, nvcc: Path, nvcc_id: str,
     return per_family
 
 
+def nvcc_in(toolkit: str | Path) -> Path | None:
+    """The nvcc of a CUDA toolkit folder (its bin/), or None when it has none."""
+    candidate = Path(toolkit) / "bin" / ("nvcc.exe" if sys.platform == "win32" else "nvcc")
+    return candidate if candidate.is_file() else None
+
+
 def find_nvcc(env: os._Environ | dict = os.environ) -> Path | None:
     """nvcc from CUDA_HOME / CUDA_PATH, else PATH."""
-    exe = "nvcc.exe" if sys.platform == "win32" else "nvcc"
     for var in ("CUDA_HOME", "CUDA_PATH"):
-        if env.get(var):
-            candidate = Path(env[var]) / "bin" / exe
-            if candidate.is_file():
-                return candidate
+        if env.get(var) and nvcc_in(env[var]) is not None:
+            return nvcc_in(env[var])
     found = shutil.which("nvcc")
     return Path(found) if found else None
 

@@ -70,6 +70,11 @@ def probe_torch(need_gpus: bool = True) -> TorchFacts:
 def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
                      ) -> tuple[tuple[Target, ...], str]:
     """(targets, where they came from)."""
+    if TARGETS_ENV in env and not env[TARGETS_ENV].strip():
+        # set but empty (an unfilled variable in a script): not "unset", which would build for
+        # whatever GPU is visible
+        raise ToolchainError(f"{TARGETS_ENV} is set but empty; set it to the GPUs this build is "
+                             f"for, e.g. {TARGETS_ENV}='sm80', or unset it")
     if env.get(TARGETS_ENV):
         try:
             return parse_targets(env[TARGETS_ENV]), TARGETS_ENV
@@ -88,15 +93,19 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
                 notes.append(f"{item} built as sm{match[1]}{match[2]}")
             parts.append(f"sm{match[1]}{match[2]}" + (match[4] or ""))
         where = "TORCH_CUDA_ARCH_LIST" + (f" ({', '.join(notes)})" if notes else "")
-        return parse_targets(";".join(parts)), where
+        try:
+            return parse_targets(";".join(parts)), where
+        except ValueError as exc:  # e.g. "8.0;8.0+PTX": one SM twice
+            raise ToolchainError(f"TORCH_CUDA_ARCH_LIST={env['TORCH_CUDA_ARCH_LIST']!r}: {exc}") \
+                from None
     if caps:
         return parse_targets(";".join(f"sm{a}{b}" for a, b in caps)), "the visible GPU(s)"
     raise ToolchainError(
         f"no SM targets: no CUDA GPU is visible and {TARGETS_ENV} is not set. Set it to the "
         "GPUs this build is for, for example\n"
         f"    {TARGETS_ENV}='sm80' pip install --no-build-isolation .\n"
-        "(one or more of sm75, sm80, sm86, sm87, sm89, sm90, ';'-separated; add '+PTX' to "
-        "embed PTX for newer GPUs)")
+        "(one or more of sm75, sm80, sm86, sm87, sm89, sm90, ';'-separated; '+PTX' also embeds "
+        "that SM's PTX; the sm75 family's compute_75 PTX, always embedded, runs on newer GPUs)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +161,10 @@ def resolve(env: Mapping[str, str] = os.environ,
     # GPUs decide the targets only when no target list is set.
     facts = torch_facts(not (env.get(TARGETS_ENV) or env.get("TORCH_CUDA_ARCH_LIST")))
     if not facts.cuda:
+        local = Version(facts.version).local or ""
+        kind = "a ROCm (AMD GPU) build" if local.startswith("rocm") else "a CPU-only build"
         raise ToolchainError(
-            f"torch {facts.version} is a CPU-only build; sageattention's kernels need a CUDA "
+            f"torch {facts.version} is {kind}; sageattention's kernels need a CUDA "
             "build of torch (for example: pip install torch --index-url "
             "https://download.pytorch.org/whl/cu130)")
     targets, source = targets_from_env(env, facts.gpu_capabilities)
@@ -161,10 +172,22 @@ def resolve(env: Mapping[str, str] = os.environ,
     for t in targets:
         if not any(t.sm in f.serves for f in families.values()):
             served = sorted({s for f in families.values() for s in f.serves})
+            # a GPU newer than every family (Blackwell): the embed_ptx family's PTX runs there
+            ptx = sorted(f.embed_ptx for f in families.values()
+                         if f.embed_ptx is not None and f.embed_ptx <= t.sm)
+            hint = (f"; for an sm{t.sm} GPU build sm{ptx[-1]} ({TARGETS_ENV}='sm{ptx[-1]}'), "
+                    f"whose embedded compute_{ptx[-1]} PTX the driver compiles for it"
+                    if ptx else "")
             raise ToolchainError(f"no kernel family serves {t} (from {source}); supported: "
-                                 + ", ".join(f"sm{s}" for s in served))
+                                 + ", ".join(f"sm{s}" for s in served) + hint)
     builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in targets), families))
 
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        # a toolkit named but without nvcc: find_nvcc would take the one on PATH, and torch's
+        # extension builder this variable's headers, two toolkits in one build
+        if env.get(var) and kernels.nvcc_in(env[var]) is None:
+            raise ToolchainError(f"{var}={env[var]} has no bin/nvcc: point it at the CUDA "
+                                 f"{facts.cuda} toolkit, or unset it to use the nvcc on PATH")
     nvcc = find_nvcc(env)
     if nvcc is None:
         raise ToolchainError(

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from scripts.factory import arch, kernels, plan, source_build
 from scripts.factory.errors import BuildError, ToolchainError
 from scripts.factory.host import Host, Interpreter
 from scripts.factory.model import Cell, Target
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FAMILIES = arch.load_families()
 PY311 = Interpreter("/usr/bin/python3.11", "3.11", "2.14.1+cu130", "13.0")
@@ -199,6 +202,35 @@ def test_source_build_failures_say_what_to_set(monkeypatch):
     here = f"linux-cp{sys.version_info.major}{sys.version_info.minor}-torch2.14-cu130-sm80"
     assert _resolve({"SAGEATTENTION_SM_TARGETS": "sm80",
                      "SAGEATTENTION_CELL": here}).cell_id == here
+
+
+def test_source_build_refuses_what_it_used_to_take_or_crash_on(monkeypatch, tmp_path):
+    monkeypatch.setattr(arch, "nvcc_version", lambda p: arch.Version("13.0.88"))
+    # one SM twice through torch's variable was a ValueError traceback out of setup.py
+    with pytest.raises(ToolchainError, match="TORCH_CUDA_ARCH_LIST='8.0;8.0\\+PTX': .* names an SM twice"):
+        _resolve({"TORCH_CUDA_ARCH_LIST": "8.0;8.0+PTX"})
+    # set but empty built for whatever GPU was visible, as if unset
+    with pytest.raises(ToolchainError, match="SAGEATTENTION_SM_TARGETS is set but empty"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": " "}, facts=_facts(caps=((8, 6),)))
+    # a CUDA_HOME without nvcc: the nvcc on PATH compiled, torch took CUDA_HOME's headers
+    with pytest.raises(ToolchainError, match="CUDA_HOME=/nonexistent has no bin/nvcc"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm80", "CUDA_HOME": "/nonexistent"})
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / ("nvcc.exe" if sys.platform == "win32" else "nvcc")).write_text("")
+    assert _resolve({"SAGEATTENTION_SM_TARGETS": "sm80", "CUDA_HOME": str(tmp_path)}).targets
+    # a GPU newer than every family is pointed at the sm75 family's PTX
+    with pytest.raises(ToolchainError, match="for an sm120 GPU build sm75 \\(SAGEATTENTION_SM_TARGETS='sm75'\\)"):
+        _resolve({}, facts=_facts(caps=((12, 0),)))
+    with pytest.raises(ToolchainError, match="is a ROCm \\(AMD GPU\\) build"):
+        _resolve({"SAGEATTENTION_SM_TARGETS": "sm80"}, facts=_facts("2.13.0+rocm6.4", None))
+
+
+def test_setup_py_refuses_sdist_and_a_wheel_in_one_process():
+    # `setup.py sdist bdist_wheel` made a kernel-less, unlabelled wheel without a word
+    res = subprocess.run([sys.executable, "setup.py", "sdist", "bdist_wheel"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "build the sdist and the wheel in two commands" in res.stderr
 
 
 def test_torch_version_is_read_without_importing_torch():
