@@ -15,8 +15,9 @@ Two ways to install a wheel:
 The suite runs in a subprocess started in an empty directory, so a source checkout never shadows
 the wheel; the report is refused if the suite imported sageattention from anywhere else. Without
 a GPU nothing is installed and the command refuses. Exit status: 0 every check passed or was
-skipped, 1 a check failed (the report is still written), 2 refused, 3 install or suite crashed;
-with several wheels, the worst of them.
+skipped, 1 a check failed (the report is still written), 2 refused, 3 install or suite crashed,
+4 the wheel is for another Python, OS or (--system) torch than the interpreter (nothing installed);
+with several wheels, the worst of them (4 only where the others passed).
 """
 
 from __future__ import annotations
@@ -34,23 +35,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from packaging.version import Version
+
 from scripts.factory import report as reports
+from scripts.factory.labels import LocalLabel
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "release_notes"
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_REFUSED, EXIT_CRASHED = 0, 1, 2, 3
+# The wheel is for another Python, OS or (with --system) torch than the interpreter here: not a
+# fault of the wheel nor of this machine, so CI can tell it from a refusal (wheels.yml).
+EXIT_NOT_HERE = 4
 INSTALL_TIMEOUT_S = 900.0
 
 # Runs in the target interpreter; prints what the refusal message needs.
 PROBE = ("import json, sys\n"
+         "here = {'python': '%d.%d' % sys.version_info[:2], 'platform': sys.platform}\n"
          "try:\n"
          "    import torch\n"
          "except Exception as exc:\n"
-         "    print(json.dumps({'torch': None, 'error': repr(exc)})); sys.exit(0)\n"
+         "    print(json.dumps({**here, 'torch': None, 'error': repr(exc)})); sys.exit(0)\n"
          "import importlib.util\n"
          "ok = torch.cuda.is_available()\n"
-         "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+         "print(json.dumps({**here, 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
          "                  'cuda_available': ok,\n"
          "                  'pip': importlib.util.find_spec('pip') is not None,\n"
          "                  'devices': torch.cuda.device_count() if ok else 0}))\n")
@@ -58,6 +66,46 @@ PROBE = ("import json, sys\n"
 
 class Refused(Exception):
     """Validation cannot run here; the message says why and what to do."""
+
+
+class NotHere(Refused):
+    """The wheel is for another interpreter, OS or torch than the one that would run it."""
+
+
+def interpreter_problem(wheel: Path, info: dict, *, system: bool) -> str | None:
+    """Why ``wheel`` cannot be installed into the interpreter ``info`` describes (probe()), or
+    None: its CPython tag, its OS and, with --system (the torch there is reused), its torch
+    major.minor must be that interpreter's."""
+    _name, version, _build, tags = reports.parse_wheel_name(wheel.name)
+    wants, have = [], []
+    pythons = {t.interpreter for t in tags}
+    here_py = info.get("python")
+    major_minor = Version(here_py).release[:2] if here_py else None
+    if major_minor and f"cp{major_minor[0]}{major_minor[1]}" not in pythons:
+        wants.append(f"CPython {', '.join(sorted(pythons))}")
+        have.append(f"Python {here_py}")
+    oses = {"windows" if t.platform.startswith("win") else "linux" if "linux" in t.platform
+            else t.platform for t in tags}
+    here_os = {"win32": "windows", "linux": "linux"}.get(info.get("platform"), info.get("platform"))
+    if here_os and here_os not in oses:
+        wants.append(" or ".join(sorted(oses)))
+        have.append(here_os)
+    if system and info.get("torch") and version.local:
+        try:
+            built = LocalLabel.parse(version.local).torch
+        except ValueError:
+            built = None  # not a factory label: the suite's own checks say so
+        torch_here = Version(info["torch"]).release[:2]
+        if built is not None and tuple(built) != torch_here:
+            wants.append(f"torch {built[0]}.{built[1]}")
+            have.append(f"torch {info['torch']}")
+    if not wants:
+        return None
+    return (f"{wheel.name} is for {', '.join(wants)}; the interpreter here has "
+            f"{', '.join(have)}: nothing was installed. Validate it with an interpreter that "
+            "matches (--python)" + (", or without --system so that pip installs its torch"
+                                    if system and any(w.startswith("torch") for w in wants)
+                                    else ""))
 
 
 @dataclass
@@ -113,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                f"check failed (the report is still written); {EXIT_REFUSED} refused (bad "
                f"arguments, no GPU, not a sageattention wheel, a report it could not write; "
                f"nothing installed); "
-               f"{EXIT_CRASHED} the install or the suite crashed or ran past --timeout. With "
-               "several wheels, the worst of them.")
+               f"{EXIT_CRASHED} the install or the suite crashed or ran past --timeout; "
+               f"{EXIT_NOT_HERE} the wheel is for another Python, OS or (--system) torch than "
+               "--python's (nothing installed). With several wheels, the worst of them.")
     p.add_argument("wheels", nargs="*", type=Path, metavar="WHEEL",
                    help="wheel files to validate (same as --wheel)")
     p.add_argument("--wheel", action="append", type=Path, help="a wheel file to validate "
@@ -257,6 +306,10 @@ def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
             raise Refused(f"{args.python} has no torch yet and nvidia-smi lists no NVIDIA GPU: "
                           "validation runs the wheel's kernels and needs a GPU; run it on a GPU "
                           "runner (nothing was installed)")
+        # a GPU machine, but maybe not this wheel's interpreter (CI sends every cell to it)
+        mismatch = interpreter_problem(wheel, first, system=args.system)
+        if mismatch:
+            raise NotHere(mismatch)
         with tempfile.TemporaryDirectory(prefix="sageattention-validate-") as tmp:
             workdir = Path(tmp)
             (workdir / "run").mkdir()
@@ -284,6 +337,9 @@ def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
             doc = reports.build_report(suite, wheel=reports.wheel_identity(wheel),
                                        command=command,
                                        mode="system" if args.system else "install")
+    except NotHere as exc:
+        print(f"not validated here: {exc}", file=sys.stderr)
+        return EXIT_NOT_HERE
     except (Refused, reports.ReportError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -322,8 +378,11 @@ def main(argv: list[str] | None = None, runner: Callable = subprocess.run) -> in
         writes[target] = wheel
     command = shlex.join(["python", "-m", "scripts.factory.validate",
                           *(sys.argv[1:] if argv is None else argv)])
-    # The worst outcome wins: crashed > refused > a check failed > all passed.
-    return max(validate_wheel(Path(w), args, command, runner) for w in wheels)
+    # The worst outcome wins: crashed > refused > a check failed > all passed; a wheel for
+    # another interpreter (4) only where every other one passed.
+    results = [validate_wheel(Path(w), args, command, runner) for w in wheels]
+    worst = max((r for r in results if r != EXIT_NOT_HERE), default=EXIT_OK)
+    return EXIT_NOT_HERE if EXIT_NOT_HERE in results and worst == EXIT_OK else worst
 
 
 if __name__ == "__main__":

@@ -232,6 +232,39 @@ def test_validate_system_mode_needs_a_preinstalled_torch(wheel, capsys):
     assert "--system reuses a preinstalled torch" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("system", [True, False])
+def test_validate_says_a_wheel_for_another_interpreter_is_not_for_here(wheel, capsys, system):
+    # CI validated every cell on the one GPU runner's python3: a wheel for another Python, OS or
+    # torch crashed in pip, or ran against the wrong torch; now it is exit 4 before any install
+    calls = []
+    label = validate.LocalLabel.parse(validate.reports.parse_wheel_name(wheel.name)[1].local)
+    py = next(iter(validate.reports.parse_wheel_name(wheel.name)[3])).interpreter  # e.g. cp311
+    same_py = f"{py[2]}.{py[3:]}"
+    torch_other = f"{label.torch[0]}.{label.torch[1] + 1}.0+cu130"
+
+    probed = {}   # what the stand-in interpreter says of itself, per case below
+
+    def runner(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+            {**probed, "cuda_available": True, "devices": 1}), stderr="")
+
+    for python, platform, torch, words in (
+            ("3.99", "linux", f"{label.torch[0]}.{label.torch[1]}.0", "Python 3.99"),
+            (same_py, "win32", f"{label.torch[0]}.{label.torch[1]}.0", "has windows"),
+            (same_py, "linux", torch_other, f"torch {torch_other}")):
+        probed.update(python=python, platform=platform, torch=torch)
+        calls.clear()
+        rc = validate.main(["--wheel", str(wheel), *(["--system"] if system else [])], runner=runner)
+        err = capsys.readouterr().err
+        if words.startswith("torch") and not system:
+            assert "not validated here" not in err   # pip installs the wheel's own torch
+            continue
+        assert rc == validate.EXIT_NOT_HERE == 4, err
+        assert "not validated here" in err and words in err and "nothing was installed" in err
+        assert len(calls) == 1 and calls[0][1] == "-c"  # only the probe ran
+
+
 def test_validate_refuses_a_file_that_is_not_a_wheel(tmp_path, capsys):
     assert validate.main(["--wheel", str(tmp_path / "notes.txt")]) == 2
     assert "is not a wheel file name" in capsys.readouterr().err
