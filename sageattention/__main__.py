@@ -88,6 +88,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = build_info.load()
     env = _environment()
     ok, lines = verdict(info, env)
+    if env["torch"] is not None:
+        from . import dispatch
+
+        # a bad SAGEATTENTION_BACKEND / SAGEATTENTION_CALIBRATION makes every sageattn call raise
+        for problem in dispatch.environment_problems():
+            ok = False
+            lines.append("MISCONFIGURED: " + problem)
     if args.json:
         print(json.dumps({"build_info": info, "environment": env, "ok": ok,
                           "verdict": lines}, indent=2))

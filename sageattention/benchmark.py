@@ -607,10 +607,23 @@ def main(argv: list[str] | None = None) -> int:
     if grid and args.cases != parser.get_default("cases"):
         parser.error(f"--cases {args.cases} would be ignored: the custom grid ({', '.join(grid)}) "
                      "replaces it (drop --cases, or the grid options)")
+    repeated = {opt: sorted({str(v) for i, v in enumerate(vals) if v in vals[:i]})
+                for opt, vals in (("--" + d.replace("_", "-"), getattr(args, d))
+                                  for d in ("dtype", *GRID_OPTIONS)) if isinstance(vals, list)}
+    repeated = {opt: vals for opt, vals in repeated.items() if vals}
+    if repeated:  # each case would be timed twice and count twice in the geometric mean
+        parser.error("; ".join(f"{opt} names {', '.join(v)} more than once" for opt, v in
+                               repeated.items()) + " (name each value once)")
     try:
         cases = cases_from_args(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from . import dispatch
+
+    problems = dispatch.environment_problems()
+    if problems:  # every sageattn call would raise; say it before the GPU run, not after it
+        print("error: " + "\nerror: ".join(problems), file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); the benchmark "
@@ -625,11 +638,15 @@ def main(argv: list[str] | None = None) -> int:
     api = Api.from_package()
     device = torch.device(args.device)
     others = known_backends() if args.also is None else args.also
+    primary = args.backend or dispatch.forced_backend()
+    if primary and not args.backend:  # recorded as forced, not as "default dispatch"
+        print(f"note: {dispatch.ENV_VAR}={primary} forces the headline figures, as --backend "
+              f"{primary} would", flush=True)
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
           f"{len(cases)} cases; also timed: {', '.join(others) or 'none'}", flush=True)
     print(f"{'case':<36} {'SDPA (default)':>19}  {'sageattn':>15}  speed-up  [backend]", flush=True)
     result = run(cases, api=api, device=device, timer=cuda_timer(args.warmup_ms, args.rep_ms),
-                 primary=args.backend, others=others, accuracy=not args.no_accuracy,
+                 primary=primary, others=others, accuracy=not args.no_accuracy,
                  progress=lambda line: print(line, flush=True), rounds=args.rounds)
     g = result["geomean_speedup_vs_sdpa"]
     print(f"geometric mean speed-up vs SDPA: {g:.3f}x" if g else "geometric mean: n/a")
@@ -637,11 +654,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
     print("\n".join(speed_goals.section(result, torch.cuda.get_device_name(device))))
     doc = document(result, device) if args.json or args.markdown else None
-    if args.json:
-        write_output(args.json, json.dumps(doc, indent=2))
-        print(f"wrote {args.json}")
-    if args.markdown:
-        _write_markdown(doc, args.json or "(this run)", args.markdown)
+    try:
+        if args.json:
+            write_output(args.json, json.dumps(doc, indent=2))
+            print(f"wrote {args.json}")
+        if args.markdown:
+            _write_markdown(doc, args.json or "(this run)", args.markdown)
+    except OSError as exc:
+        print(f"error: cannot write the results: {exc}", file=sys.stderr)
+        return 2
     failed = [row["name"] for row in result["cases"] if not row.get("sageattn_ms")]
     if failed:
         print(f"error: sageattn was not timed at {len(failed)} of {len(result['cases'])} cases "

@@ -192,6 +192,12 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
                 and row.get("sageattn_ms"):
             ms[headline] = row["sageattn_ms"]
         entries.append({**shape, "ms": {name: _significant(t) for name, t in ms.items()}})
+    if not any(set(e["ms"]) - {SDPA} for e in entries):
+        # such a table sends every call to SDPA as "faster", though nothing else was measured
+        raise BenchmarkFormatError(f"{source}: no case timed a quantized backend (only SDPA), so "
+                                   "the table could not choose between backends; measure with "
+                                   "every backend (python -m sageattention.benchmark without "
+                                   "--also, or calibrate on the GPU)")
     capability = _capability(env["compute_capability"], f"{source}: environment")
     model = env["gpu_name"] if per_model else None
     return {"_generated": generated_line(argv, capability, model), "schema_version": calibration.SCHEMA_VERSION,
@@ -354,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot read the benchmark JSON {source}: {exc}", file=sys.stderr)
             return 2
     else:
+        from . import dispatch
+
+        problems = dispatch.environment_problems()
+        if problems:  # every call of the grid would raise, and the run would be lost at its end
+            print("error: " + "\nerror: ".join(problems), file=sys.stderr)
+            return 2
         if not torch.cuda.is_available():
             print("error: no CUDA GPU is visible (torch.cuda.is_available() is False); measuring needs "
                   f"the GPU the table is for. Without a GPU: {PROG} --from-benchmark BENCH.json --out "
@@ -371,7 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         source = args.benchmark_json or "measurements"
         doc = _measure(args, argv)
         if args.benchmark_json:
-            benchmark.write_output(args.benchmark_json, json.dumps(doc, indent=2) + "\n")
+            try:
+                benchmark.write_output(args.benchmark_json, json.dumps(doc, indent=2) + "\n")
+            except OSError as exc:
+                print(f"error: cannot write --benchmark-json {args.benchmark_json}: {exc}",
+                      file=sys.stderr)
+                return 2
             print(f"wrote {args.benchmark_json}")
     try:
         named = calibration.parse_file_name(out.name)
@@ -385,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    benchmark.write_output(out, text)
+    try:
+        benchmark.write_output(out, text)
+    except OSError as exc:
+        print(f"error: cannot write {out}: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {out}: {len(table['entries'])} entries from {table['gpu_name']}")
     return 0
 

@@ -23,7 +23,7 @@ from .backends import SDPA, Backend
 from .inputs import SAGEATTN_KEYWORDS, AttnCall, parse_call, split_kwargs
 
 __all__ = ["BackendChoice", "BackendUnavailableError", "Inventory", "Request", "calibration_enabled",
-           "calibration_for", "choose", "explain", "force_backend", "forced_backend", "last_backend",
+           "calibration_for", "choose", "environment_problems", "explain", "force_backend", "forced_backend", "last_backend",
            "select_backend", "use_calibration"]
 
 ENV_VAR = "SAGEATTENTION_BACKEND"
@@ -242,6 +242,23 @@ _env_plain: str | None = os.environ.get(ENV_VAR, "").strip() or None
 def forced_backend_plain() -> str | None:
     """forced_backend() from the plain globals above (see there)."""
     return _forced_plain if _forced_plain is not None else _env_plain
+
+
+def environment_problems(env=None) -> list[str]:
+    """What is wrong with SAGEATTENTION_BACKEND and SAGEATTENTION_CALIBRATION as set: each makes
+    every sageattn call raise, so a command that makes many (the benchmark, calibrate) says so
+    before it starts, and `python -m sageattention` in its verdict."""
+    env = os.environ if env is None else env
+    problems = []
+    value = env.get(ENV_VAR, "").strip()
+    for check in ((lambda: _check_name(value, ENV_VAR)) if value else None,
+                  lambda: _calibration_setting(env)):
+        try:
+            if check is not None:
+                check()
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def refuse_quantized_forced(forced: str | None, why: str, remedy: str = "run it unforced") -> None:

@@ -502,6 +502,55 @@ def test_from_benchmark_rejects_what_the_table_cannot_be_built_from(tmp_path, ca
     assert not (tmp_path / "sm90.json").exists()
 
 
+def test_from_benchmark_refuses_a_benchmark_that_timed_no_quantized_backend(tmp_path, capsys):
+    # `benchmark --also` with no names times SDPA and the default dispatch only: its table sent
+    # every call to SDPA "as faster", though nothing else was measured
+    doc = bench_doc()
+    for row in doc["cases"]:
+        row["backends"] = {"sdpa": row["backends"].get("sdpa", {"ran": "sdpa", "ms": 1.0})}
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(doc))
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(tmp_path / "sm90.json")]) == 2
+    assert "no case timed a quantized backend (only SDPA)" in capsys.readouterr().err
+    assert not (tmp_path / "sm90.json").exists()
+
+
+def test_an_unwritable_out_is_exit_2_not_a_traceback(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(bench_doc()))
+    out = Path("/proc/sm90.json")   # no file can be made there, even as root
+    if not Path("/proc").is_dir():
+        pytest.skip("needs Linux's /proc")
+    assert calibrate.main(["--from-benchmark", str(bench), "--out", str(out)]) == 2
+    assert f"error: cannot write {out}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("SAGEATTENTION_BACKEND", "bogus", "SAGEATTENTION_BACKEND='bogus' is not a backend"),
+    ("SAGEATTENTION_CALIBRATION", "/nonexistent/sm90.json", "that path does not exist"),
+])
+def test_a_bad_dispatch_variable_stops_a_gpu_run_before_it_starts(monkeypatch, capsys, tmp_path,
+                                                                   var, value, words):
+    # every sageattn call would raise, and the whole run was lost at its end (a traceback)
+    monkeypatch.setenv(var, value)
+    assert dispatch.environment_problems() and words in " ".join(dispatch.environment_problems())
+    assert calibrate.main(["--out", str(tmp_path / "sm90.json")]) == 2
+    assert words in capsys.readouterr().err
+    assert benchmark.main(["--seq-len", "1024"]) == 2
+    assert words in capsys.readouterr().err
+    monkeypatch.delenv(var)
+    assert dispatch.environment_problems() == []
+
+
+def test_benchmark_refuses_a_grid_value_named_twice(capsys):
+    # each case was timed twice and counted twice in the geometric mean
+    for argv, words in ((["--dtype", "fp16", "fp16"], "--dtype names fp16 more than once"),
+                        (["--seq-len", "1024", "--seq-len", "1024"], "--seq-len names 1024")):
+        with pytest.raises(SystemExit) as exc:
+            benchmark.main(argv)
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
 def test_out_name_must_match_the_measured_gpu(tmp_path, capsys):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps(bench_doc()))

@@ -152,3 +152,13 @@ def test_diagnostics_command_in_a_source_checkout(capsys, monkeypatch):
     assert diagnostics.main([]) == 0
     out = capsys.readouterr().out
     assert "build info: none (source checkout)" in out and "verdict: OK" in out
+
+
+def test_diagnostics_says_a_bad_dispatch_variable_makes_every_call_raise(capsys, monkeypatch):
+    # it said "verdict: OK" while every sageattn call then raised
+    monkeypatch.setattr(build_info, "load", lambda: None)
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "cuda-sm91-fp16")
+    assert diagnostics.main([]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: NOT USABLE HERE" in out
+    assert "MISCONFIGURED: SAGEATTENTION_BACKEND='cuda-sm91-fp16' is not a backend" in out
