@@ -602,6 +602,12 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
             return 2
+        except (TypeError, KeyError, AttributeError, IndexError) as exc:
+            # a JSON of the right kinds of keys whose values have other types
+            print(f"error: cannot render {args.render}: a field has the wrong type or is missing "
+                  f"({type(exc).__name__}: {exc}); it is not a benchmark JSON or validation "
+                  "report as python -m sageattention.benchmark --json writes them", file=sys.stderr)
+            return 2
         return 0
     grid = given_options(parser, args, GRID_OPTIONS)
     if grid and args.cases != parser.get_default("cases"):

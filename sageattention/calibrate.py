@@ -177,6 +177,8 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
     headline = perf.get("primary_backend")
     entries = []
     for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise BenchmarkFormatError(f"{source}: cases[{i}] must be an object, got {row!r:.60}")
         try:
             shape = {k: row[k] for k in calibration.ENTRY_SHAPE_KEYS}
         except (KeyError, TypeError) as exc:
@@ -184,6 +186,9 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
         if row.get("kv_len") is not None:   # calibration.dumps writes it only where it differs
             shape["kv_len"] = row["kv_len"]
         timed = row.get("backends") or {}
+        if not isinstance(timed, dict) or not all(isinstance(r, dict) for r in timed.values()):
+            raise BenchmarkFormatError(f"{source}: cases[{i}].backends must map backend names to "
+                                       f"objects such as {{\"ran\": \"sdpa\", \"ms\": 1.0}}")
         ms = {name: res["ms"] for name, res in timed.items()
               if name in BACKEND_NAMES and res.get("ms") and res.get("ran") == name}
         if SDPA not in ms and row.get("sdpa_ms"):

@@ -491,6 +491,9 @@ def test_from_benchmark_reads_a_validation_report(tmp_path):
     (lambda d: d["cases"][0]["backends"]["sdpa"].update(ms="1.0"),
      r"entries\[0\]\.ms\['sdpa'\]: must be a positive finite number of milliseconds, got '1.0'"),
     (lambda d: d["environment"].update(compute_capability=["nine", "0"]), "compute_capability must look like"),
+    # and these (AttributeError, and a garbled message)
+    (lambda d: d["cases"][0].update(backends={"sdpa": 5}), r"cases\[0\]\.backends must map backend names"),
+    (lambda d: d["cases"].insert(0, "fp16 4x32x4096x128"), r"cases\[0\] must be an object"),
 ])
 def test_from_benchmark_rejects_what_the_table_cannot_be_built_from(tmp_path, capsys, change, match):
     doc = bench_doc()

@@ -732,6 +732,22 @@ def test_benchmark_render_makes_a_markdown_table_from_a_stored_report(tmp_path, 
     assert "cannot render" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("change", [
+    lambda d: d.update(environment="an H100"),
+    lambda d: d["cases"][0].update(backends={"x": 5}),
+    lambda d: d["environment"].update(date=None),
+])
+def test_benchmark_render_of_a_field_of_the_wrong_type_is_exit_2(tmp_path, capsys, change):
+    # these were tracebacks (AttributeError, TypeError), exit 1
+    stored = REPO / "benchmarks/results/h100-2026-12-07-bench-5b7cdab.json"
+    doc = json.loads(stored.read_text())
+    change(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    assert benchmark.main(["--render", str(bad)]) == 2
+    assert f"cannot render {bad}" in capsys.readouterr().err
+
+
 def test_benchmark_render_refuses_what_it_would_ignore_and_what_is_not_an_object(tmp_path, capsys):
     report = REPO / "tests/unit/fixtures/reports" / \
         "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.report.json"
