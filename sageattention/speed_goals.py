@@ -83,6 +83,14 @@ def _figure(x, fmt: str) -> str:
     return format(x, fmt) if isinstance(x, (int, float)) else "not finite"
 
 
+def _short_of(value: float, bar: float, digits: int) -> str:
+    """``value`` (below ``bar``) with ``digits`` decimals, or more where that many would print it
+    at or above the bar: 430.73 against 431 is "430.7", not "431 < 431"."""
+    while round(value, digits) >= bar and digits < 6:
+        digits += 1
+    return f"{value:.{digits}f}"
+
+
 def _hopper(rows: dict) -> list[Verdict]:
     from .validation.accuracy import Errors, bar_for  # the validation package imports the benchmark
 
@@ -93,8 +101,8 @@ def _hopper(rows: dict) -> list[Verdict]:
     low_keys = [k for k in needed if k in timed and timed[k]["speedup_vs_sdpa"] < MIN_CASE_SPEEDUP]
     # where sageattn ran SDPA itself, the shortfall is SDPA's spread between two timings of one call
     ran_sdpa = [k for k in low_keys if timed[k].get("backend") == "sdpa"]
-    below = [f"{_name(k)} {timed[k]['speedup_vs_sdpa']:.2f}x" + (" [sdpa]" if k in ran_sdpa else "")
-             for k in low_keys]
+    below = [f"{_name(k)} {_short_of(timed[k]['speedup_vs_sdpa'], MIN_CASE_SPEEDUP, 2)}x"
+             + (" [sdpa]" if k in ran_sdpa else "") for k in low_keys]
     goal = f"`sageattn` >= {MIN_CASE_SPEEDUP:.2f}x SDPA on every standard case"
     if below:
         spread = ""
@@ -165,7 +173,8 @@ def _sm80(rows: dict) -> list[Verdict]:
         goal = f"`{name}` >= upstream 1.0.6 Triton on each of its {len(needed)} fp16 cases"
         tops = {k: rows[k]["backends"].get(name, {}).get("tops") for k in needed if k in rows}
         tops = {k: t for k, t in tops.items() if t}
-        below = [f"{_name(k)} {tops[k]:.0f} < {UPSTREAM_106_TRITON_TOPS[k[1:]]}" for k in needed
+        below = [f"{_name(k)} {_short_of(tops[k], UPSTREAM_106_TRITON_TOPS[k[1:]], 0)} < "
+                 f"{UPSTREAM_106_TRITON_TOPS[k[1:]]}" for k in needed
                  if k in tops and tops[k] < UPSTREAM_106_TRITON_TOPS[k[1:]]]
         if below:
             verdicts.append(Verdict(goal, NOT_MET, f"{len(below)} below: {_listing(below)}"))
