@@ -251,13 +251,15 @@ def environment_problems(env=None) -> list[str]:
     env = os.environ if env is None else env
     problems = []
     value = env.get(ENV_VAR, "").strip()
-    for check in ((lambda: _check_name(value, ENV_VAR)) if value else None,
-                  lambda: _calibration_setting(env)):
+    if value:
         try:
-            if check is not None:
-                check()
+            _check_name(value, ENV_VAR)
         except ValueError as exc:
             problems.append(str(exc))
+    try:
+        _calibration_setting(env)
+    except ValueError as exc:
+        problems.append(str(exc))
     return problems
 
 

@@ -115,11 +115,12 @@ def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | Non
     from .validation.expectation import ptx_runs_on, wheel_ptx_serves
 
     wheel_families = info.get("families")
+    # Build info without its families (written before they were recorded): PTX reaches every
+    # newer GPU, as the driver would run it.
+    families = load_families() if wheel_families else None
     for ptx in sorted(info.get("ptx", []), reverse=True):
         ptx_sm = int(ptx.split("_")[1])
-        # Build info without its families (written before they were recorded): PTX reaches
-        # every newer GPU, as the driver would run it.
-        reach = None if not wheel_families else wheel_ptx_serves(load_families(), wheel_families, ptx_sm)
+        reach = None if families is None else wheel_ptx_serves(families, wheel_families, ptx_sm)
         if ptx_runs_on(reach, ptx_sm, device):
             return f"{ptx} PTX (JIT-compiled by the driver)"
     return None

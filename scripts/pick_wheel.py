@@ -393,19 +393,6 @@ def detect_machine(use_torch: bool = True) -> Machine:
                         )
             except Exception as exc:
                 notes.append(f"torch could not query the GPUs: {exc}")
-            if machine.torch_cuda and not machine.gpus:
-                smi = _gpus_from_nvidia_smi(notes)
-                if smi:
-                    # The wheel still fits by its GPU, but no CUDA kernel runs until torch can
-                    # use the GPU: say so rather than answer as if all were well.
-                    notes.append(
-                        f"torch {machine.torch} (CUDA {machine.torch_cuda}) cannot use the "
-                        f"{len(smi)} GPU(s) nvidia-smi lists: the NVIDIA driver may be too old "
-                        f"for CUDA {machine.torch_cuda} (nvidia-smi's header shows the newest "
-                        f"CUDA it supports), or CUDA_VISIBLE_DEVICES hides them. The wheel below "
-                        f"fits the GPU; sageattention runs on it once torch can use it"
-                    )
-                machine.gpus = smi
     else:
         facts = torch_facts_without_import()
         if facts is not None:
@@ -413,6 +400,17 @@ def detect_machine(use_torch: bool = True) -> Machine:
             notes.append("torch's version read from torch/version.py (--no-torch: not imported)")
     if not machine.gpus:
         machine.gpus = _gpus_from_nvidia_smi(notes)
+        if machine.gpus and use_torch and machine.torch_cuda:
+            # A CUDA torch that was asked saw none of them. The wheel still fits by its GPU,
+            # but no CUDA kernel runs until torch can use the GPU: say so rather than answer as
+            # if all were well.
+            notes.append(
+                f"torch {machine.torch} (CUDA {machine.torch_cuda}) cannot use the "
+                f"{len(machine.gpus)} GPU(s) nvidia-smi lists: the NVIDIA driver may be too old "
+                f"for CUDA {machine.torch_cuda} (nvidia-smi's header shows the newest "
+                f"CUDA it supports), or CUDA_VISIBLE_DEVICES hides them. The wheel below "
+                f"fits the GPU; sageattention runs on it once torch can use it"
+            )
     return machine
 
 

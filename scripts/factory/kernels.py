@@ -242,11 +242,15 @@ def nvcc_in(toolkit: str | Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+# The variables that name a CUDA toolkit folder, in the order find_nvcc reads them.
+TOOLKIT_VARS = ("CUDA_HOME", "CUDA_PATH")
+
+
 def find_nvcc(env: os._Environ | dict = os.environ) -> Path | None:
     """nvcc from CUDA_HOME / CUDA_PATH, else PATH."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if env.get(var) and nvcc_in(env[var]) is not None:
-            return nvcc_in(env[var])
+    for var in TOOLKIT_VARS:
+        if env.get(var) and (nvcc := nvcc_in(env[var])) is not None:
+            return nvcc
     found = shutil.which("nvcc")
     return Path(found) if found else None
 

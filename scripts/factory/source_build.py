@@ -182,7 +182,7 @@ def resolve(env: Mapping[str, str] = os.environ,
                                  + ", ".join(f"sm{s}" for s in served) + hint)
     builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in targets), families))
 
-    for var in ("CUDA_HOME", "CUDA_PATH"):
+    for var in kernels.TOOLKIT_VARS:
         # a toolkit named but without nvcc: find_nvcc would take the one on PATH, and torch's
         # extension builder this variable's headers, two toolkits in one build
         if env.get(var) and kernels.nvcc_in(env[var]) is None:
