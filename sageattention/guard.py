@@ -81,9 +81,11 @@ def import_problem(info: Mapping[str, Any] | None, torch_version: str,
     built_cuda = str(info["cuda"])
     sms = [int(t.split("+")[0][2:]) for t in info["sm_targets"]]
     name = f"sageattention {info['version']}"
-    if torch_cuda is None:
+    if torch_cuda is None:  # torch.version.cuda is None for a CPU and for a ROCm build
+        kind = ("a ROCm (AMD GPU) build" if torch_version.partition("+")[2].lower()
+                .startswith("rocm") else "a CPU-only build")
         return (f"{name} was built for torch {built_torch[0]}.{built_torch[1]} with CUDA "
-                f"{built_cuda}, but the installed torch {torch_version} is a CPU-only build. "
+                f"{built_cuda}, but the installed torch {torch_version} is {kind}. "
                 f"Install a CUDA {built_cuda} build of torch=={built_torch[0]}.{built_torch[1]}.*"
                 f" (for example from https://download.pytorch.org/whl/cu"
                 f"{built_cuda.replace('.', '')}).")

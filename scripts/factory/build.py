@@ -57,6 +57,8 @@ def build_cell(plan: CellPlan, *, jobs: int, out_dir: Path = WHEELHOUSE,
     if not plan.build:
         raise PlanError(f"{plan.cell.id} is not buildable here: {plan.reason}")
     started = time.monotonic()
+    # absolute: the repair tool runs in the repository root, this process maybe elsewhere
+    out_dir = Path(out_dir).resolve()
     cell = plan.cell
     log(f"== {cell.id}: building {cell.version()} ==")
     python = prepare_python(plan, log)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from .arch import REPO_ROOT, FamilyBuild
+from .errors import ToolchainError
 from .model import Target
 
 SCHEMA_VERSION = 1
@@ -58,10 +59,19 @@ def git_commit(root: Path = REPO_ROOT, env: Mapping[str, str] = os.environ) -> s
 
 
 def build_date(env: Mapping[str, str] = os.environ) -> str:
-    """UTC ISO date; SOURCE_DATE_EPOCH (reproducible builds) wins over the clock."""
+    """UTC ISO date; SOURCE_DATE_EPOCH (reproducible builds) wins over the clock. One that is not
+    a whole number of seconds is a ToolchainError (it was a ValueError traceback mid-build)."""
     epoch = env.get("SOURCE_DATE_EPOCH")
-    moment = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch
-              else datetime.datetime.now(datetime.timezone.utc))
+    if not epoch:
+        moment = datetime.datetime.now(datetime.timezone.utc)
+    else:
+        try:
+            moment = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            raise ToolchainError(
+                f"SOURCE_DATE_EPOCH={epoch!r} is not a time: it must be whole seconds since "
+                "1970-01-01 UTC, e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct); or unset "
+                "it to date the build now") from None
     return moment.replace(microsecond=0).isoformat()
 
 

@@ -82,7 +82,8 @@ def _plan(args):
     matrix = matrix_module.load_matrix(args.matrix)
     cells, title = _select_cells(args, matrix)
     host = detect_host({c.python for c in cells})
-    plans = plan_cells(cells, host, repair_wheels=not getattr(args, "no_repair", False))
+    plans = plan_cells(cells, host, repair_wheels=not getattr(args, "no_repair", False),
+                       out_dir=getattr(args, "out", None))
     print(format_plan(plans, title), flush=True)
     return matrix, plans
 

@@ -34,6 +34,11 @@ GROUP_KEYS = {"name": "group name", "os": "linux/windows", "python": "'3.12'",
 EXAMPLES = {"os": "linux", "python": '"3.12"', "torch": '"2.12.0"', "cuda": '"13.0"',
             "sm": "[sm80]"}
 REQUIRED_GROUP_KEYS = ("os", "python", "torch", "cuda", "sm")
+# Fields that name a major.minor only, and why a patch there breaks the build: the factory looks
+# for python3.X on PATH, and CI installs the toolkit cuda-nvcc-X-Y and torch from .../whl/cuXY.
+MAJOR_MINOR_ONLY = {"python": "the CPython minor the wheel is for (python3.X builds it)",
+                    "cuda": "torch's CUDA build (cu130 is 13.0; CI installs that toolkit and "
+                            "torch's cuXY build from it)"}
 # Names people reach for first, mapped to ours (checked before fuzzy matching).
 KEY_ALIASES = {"arch": "sm", "archs": "sm", "sms": "sm", "targets": "sm", "sm_targets": "sm",
                "platform": "os", "pythons": "python", "cuda_version": "cuda",
@@ -87,6 +92,11 @@ def _version_string(value: Any, field: str, where: str, problems: list[str]) -> 
                else "versions in the matrix are plain releases")
         problems.append(f"{where}: field {field!r}: {value!r} has a local label "
                         f"(+{version.local}); {why}: write {field}: \"{version.public}\"")
+        return None
+    if field in MAJOR_MINOR_ONLY and len(version.release) > 2:
+        short = ".".join(map(str, version.release[:2]))
+        problems.append(f"{where}: field {field!r}: {value!r} has a patch version, but it names "
+                        f"{MAJOR_MINOR_ONLY[field]}: write {field}: \"{short}\"")
         return None
     label_problem = _label_problem(field, value)
     if label_problem:

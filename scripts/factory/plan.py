@@ -40,8 +40,10 @@ def torch_fits(interp: Interpreter, cell: Cell) -> bool:
 
 def plan_cell(cell: Cell, host: Host, *, repair_wheels: bool = True,
               families: Mapping[str, arch.Family] | None = None,
-              root: Path = REPO_ROOT) -> CellPlan:
+              root: Path = REPO_ROOT, out_dir: Path | None = None) -> CellPlan:
+    """``out_dir``: where the build puts the final wheel (build --out), named in the steps."""
     families = arch.load_families() if families is None else families
+    dest = f"{Path(out_dir or 'wheelhouse').as_posix().rstrip('/')}/"
     builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in cell.targets), families))
     runner = " ".join(cell.build_runner) or "a matching runner"
     if cell.os != host.os:
@@ -80,9 +82,9 @@ def plan_cell(cell: Cell, host: Host, *, repair_wheels: bool = True,
                  f"{cell.torch_requirement}, {cell.cxx_std}, build info inside")
     if repair_wheels:
         steps.append(f"repair with {repair.repair_tool(cell.os)}, excluding torch and CUDA "
-                     "libraries -> wheelhouse/")
+                     f"libraries -> {dest}")
     else:
-        steps.append("no repair (--no-repair): copy to wheelhouse/")
+        steps.append(f"no repair (--no-repair): copy to {dest}")
     steps.append("check: name, METADATA and build info agree; exact file set")
     return CellPlan(cell, True, "buildable here", interp, venv, builds, repair_wheels,
                     tuple(steps))

@@ -207,7 +207,8 @@ def resolve(env: Mapping[str, str] = os.environ,
             f"{CELL_ENV}={wanted} but this environment builds cell {cell.id} (Python "
             f"{_platform.python_version()}, torch {facts.version}, CUDA {facts.cuda}, targets "
             f"{' '.join(map(str, targets))}); use the cell's Python and torch")
-    from .buildinfo import host_compiler_version
+    from .buildinfo import build_date, host_compiler_version
+    build_date(env)  # a bad SOURCE_DATE_EPOCH stops the build here, before any compile
     return SourceBuild(
         targets=targets, targets_from=source, torch_version=facts.version, cuda=facts.cuda,
         nvcc=nvcc, nvcc_version=nvcc_version,

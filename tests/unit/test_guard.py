@@ -45,6 +45,9 @@ def test_cuda_major_mismatch_and_cpu_torch():
     assert "sm75.torch2.12cu128" in msg
     cpu = guard.import_problem(INFO, "2.12.0+cpu", None)
     assert "CPU-only build" in cpu and "torch==2.12.*" in cpu and "cu130" in cpu
+    rocm = guard.import_problem(INFO, "2.12.0+rocm6.4", None)  # torch.version.cuda is None
+    assert "is a ROCm (AMD GPU) build" in rocm and "CPU-only" not in rocm
+    assert "torch==2.12.*" in rocm and "cu130" in rocm
 
 
 def test_device_served_by_sass_or_ptx():

@@ -131,6 +131,26 @@ def test_versions_without_a_minor_are_problems_not_crashes(field, value):
     assert f"field {field!r}: {value!r} needs a major and a minor version" in problem
 
 
+@pytest.mark.parametrize("field, value, short", [("python", "3.12.3", "3.12"),
+                                                   ("cuda", "13.0.2", "13.0"),
+                                                   ("cuda", "13.0.0", "13.0")])
+def test_a_patch_version_where_a_major_minor_is_meant_is_a_problem(field, value, short):
+    # python "3.12.3" made a cell no host could build (the plan looked for python3.12.3), and
+    # cuda "13.0.2" sent CI to the torch index .../whl/cu1302 and the package cuda-nvcc-13-0-2
+    data = copy.deepcopy(BASE)
+    data["cells"][0][field] = value
+    (problem,) = problems_of(data)
+    assert f"field {field!r}: {value!r} has a patch version" in problem
+    assert f'write {field}: "{short}"' in problem
+
+
+def test_torch_keeps_its_patch_version():
+    data = copy.deepcopy(BASE)
+    data["cells"][0]["torch"] = "2.12.1"
+    (cell,) = matrix.parse_matrix(data).cells
+    assert cell.torch == "2.12.1"
+
+
 @pytest.mark.parametrize("field", ["os", "python", "torch", "cuda", "sm"])
 def test_an_empty_list_is_a_problem_not_a_group_without_cells(field):
     data = copy.deepcopy(BASE)

@@ -67,6 +67,47 @@ def test_other_torch_gets_its_own_venv():
     assert "pip install torch==2.12.0" in p.steps[0]
 
 
+def test_plan_names_the_folder_the_build_writes_to():
+    # `build --out dist/wheels` printed "-> wheelhouse/" and then wrote to dist/wheels
+    repaired = plan.plan_cell(cell(), host(), out_dir=Path("dist/wheels"))
+    assert repaired.steps[-2].endswith("-> dist/wheels/")
+    copied = plan.plan_cell(cell(), host(), repair_wheels=False, out_dir=Path("dist/wheels"))
+    assert copied.steps[-2] == "no repair (--no-repair): copy to dist/wheels/"
+    assert plan.plan_cell(cell(), host()).steps[-2].endswith("-> wheelhouse/")
+
+
+def test_build_finds_the_repaired_wheel_when_out_is_relative_and_cwd_is_elsewhere(
+        tmp_path, monkeypatch):
+    # The repair tool runs in the repository root; a relative --out used to name one folder
+    # there and another in this process's cwd, where no fresh wheel was found (max() of nothing)
+    from scripts.factory import build, wheelcheck
+
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    repo.mkdir(), elsewhere.mkdir()
+    monkeypatch.setattr(build, "REPO_ROOT", repo)
+    monkeypatch.chdir(elsewhere)
+    the_cell = cell()
+    name = f"sageattention-{the_cell.version()}-cp311-cp311-linux_x86_64.whl"
+
+    def fake_run(command, what, env=None, log=print):
+        command = [str(c) for c in command]
+        target = Path(command[command.index("-w") + 1])
+        target = target if target.is_absolute() else repo / target  # the tool's cwd
+        target.mkdir(parents=True, exist_ok=True)
+        (target / name.replace("linux_x86_64", "manylinux_2_28_x86_64"
+                               if "repair" in command else "linux_x86_64")).write_bytes(b"w")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "prepare_python", lambda p, log=print: Path(sys.executable))
+    monkeypatch.setattr(build.repair, "repair_prefix", lambda os_name: ["auditwheel"])
+    monkeypatch.setattr(wheelcheck, "check_wheel", lambda wheel, matrix=None: None)
+    planned = plan.plan_cell(the_cell, host())
+    final = build.build_cell(planned, jobs=1, out_dir=Path("wheelhouse"), log=lambda s: None)
+    repaired = name.replace("linux_x86_64", "manylinux_2_28_x86_64")
+    assert final == (elsewhere / "wheelhouse" / repaired).resolve() and final.is_file()
+    assert not (repo / "wheelhouse").exists()
+
+
 def test_format_plan_counts_and_lists_every_cell():
     plans = plan.plan_cells([cell(), cell(python="3.12")], host())
     text = plan.format_plan(plans, "sm80")
@@ -223,6 +264,11 @@ def test_source_build_refuses_what_it_used_to_take_or_crash_on(monkeypatch, tmp_
         _resolve({}, facts=_facts(caps=((12, 0),)))
     with pytest.raises(ToolchainError, match="is a ROCm \\(AMD GPU\\) build"):
         _resolve({"SAGEATTENTION_SM_TARGETS": "sm80"}, facts=_facts("2.13.0+rocm6.4", None))
+    # a SOURCE_DATE_EPOCH that is no whole number was a ValueError traceback mid-build
+    for epoch in ("2025-12-02", "1764633600.5", "9" * 30):
+        with pytest.raises(ToolchainError, match=f"SOURCE_DATE_EPOCH={epoch!r} is not a time"):
+            _resolve({"SAGEATTENTION_SM_TARGETS": "sm80", "SOURCE_DATE_EPOCH": epoch})
+    assert _resolve({"SAGEATTENTION_SM_TARGETS": "sm80", "SOURCE_DATE_EPOCH": "1764633600"})
 
 
 def test_setup_py_refuses_sdist_and_a_wheel_in_one_process():
