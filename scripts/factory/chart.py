@@ -61,8 +61,9 @@ def speedup_svg(report: dict, source_name: str) -> str:
         out.append(f'<text x="{_LABEL_W - 8}" y="{y + 15}" text-anchor="end">{escape(name)}</text>')
         if v is None:
             why = case.get("error") or "did not run"
+            # cut the text, then escape it: a cut escaped text can end inside '&amp;'
             out.append(f'<text x="{_LABEL_W + 4}" y="{y + 15}" fill="{_MISSING}">'
-                       f'{escape("not measured: " + why)[:90]}</text>')
+                       f'{escape(("not measured: " + str(why))[:90])}</text>')
             continue
         colour = _FASTER if v >= 1.0 else _SLOWER
         out.append(f'<rect x="{_LABEL_W}" y="{y + 4}" width="{x_of(v) - _LABEL_W:.1f}" '

@@ -126,17 +126,23 @@ def _wheel_facts(report: dict) -> dict:
             "os": reports.wheel_os(name) or "unknown OS"}
 
 
-def _failed_verdict(report: dict) -> str | None:
-    """The sentence a note of a report with failed checks states wherever it would otherwise
-    say "verified" (None when no check failed): such a wheel verified nothing as a whole, and
-    scripts.factory.release does not publish it."""
+def _not_verified_verdict(report: dict) -> str | None:
+    """The sentence a note states wherever it would otherwise say "verified" (None when the run
+    validates the wheel): a run with a failed check, with no passed check, or whose passes did not
+    run the wheel's CUDA kernels (reports.unproven, the rule the release applies) verified nothing
+    as a whole, and scripts.factory.release does not publish its wheel."""
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
-    if not failed:
+    if failed:
+        return (f"**Validation FAILED: {len(failed)} check(s) failed** ({'; '.join(failed)}). "
+                "This wheel is not verified for any configuration and is not published "
+                "(`scripts.factory.release` refuses a wheel with a failed check); the figures "
+                "below describe the failed run only.")
+    unproven = reports.unproven(report["checks"])
+    if not unproven:
         return None
-    return (f"**Validation FAILED: {len(failed)} check(s) failed** ({'; '.join(failed)}). This "
-            "wheel is not verified for any configuration and is not published "
-            "(`scripts.factory.release` refuses a wheel with a failed check); the figures below "
-            "describe the failed run only.")
+    return (f"**Not validated: {'; '.join(unproven)}.** This wheel is not verified for any "
+            "configuration and is not published (`scripts.factory.release` refuses such a "
+            "report); the figures below describe this run only.")
 
 
 def render(report: dict, source_name: str) -> str:
@@ -170,7 +176,7 @@ def render(report: dict, source_name: str) -> str:
     add("Linux and Windows wheels are platform-specific. Install only the wheel that matches your "
         "operating system, Python version, PyTorch version, and CUDA stack.")
     add("")
-    verdict = _failed_verdict(report)
+    verdict = _not_verified_verdict(report)
     if verdict:
         add(verdict)
         add("")
@@ -214,7 +220,13 @@ def render(report: dict, source_name: str) -> str:
                  f"Date: {env.get('date', '?')}"):
         add(f"- {line}")
     add("")
-    if ptx:
+    ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
+    if not any(map(reports.is_native_kernel, ran)):
+        # the execution the report names is how the wheel's kernels would run here; none did
+        add(f"**Execution: none of the wheel's CUDA kernels ran.** No check of this run ran one "
+            f"on the {gpu} (backends that ran: {', '.join(ran) or 'none'}), so nothing below "
+            f"says anything about them.")
+    elif ptx:
         ptx_arch = {b.get("ptx_arch") for b in (report.get("expectation") or {})
                     .get("native_backends", []) if b.get("ptx_arch")}
         ptx_name = ", ".join(sorted(ptx_arch)) or "embedded"
@@ -272,15 +284,15 @@ def _validation_section(report, gpu, ptx, add) -> None:
     for c in checks:
         backend = f" ({c['backend']})" if c.get("backend") else ""
         reason = f": {c['reason']}" if c["status"] != "pass" and c.get("reason") else ""
-        foreign = [b for b in c.get("backends") or [] if b in elsewhere]
+        foreign = [b for b in reports.ran_backends(c) if b in elsewhere]
         if foreign:
             reason += "".join(f"; `{b}` does not run on {elsewhere[b]}: its part of this "
                               f"result says nothing about {elsewhere[b]}" for b in foreign)
         add(f"- {c['name']}: {c['status'].upper()}{backend}{reason}")
     add("")
-    failed = [c for c in checks if c["status"] == "fail"]
-    if failed:
-        add(_failed_verdict(report))
+    verdict = _not_verified_verdict(report)
+    if verdict:
+        add(verdict)
     elif counts["pass"]:
         add("All checks that ran passed." + (" Skipped checks were not run and are not "
                                              "verified." if counts["skip"] else ""))
@@ -383,7 +395,7 @@ def _accuracy_section(report, add) -> None:
         add(f"- On the benchmark cases: cosine at least {pacc['min_cosine']:.6f}, relative L1 at "
             f"most {pacc['max_rel_l1']:.4f}.")
     masked = sorted({b for c in report["checks"] if "mask" in c["name"].lower()
-                     and "unmasked" not in c["name"].lower() for b in c.get("backends", [])})
+                     and "unmasked" not in c["name"].lower() for b in reports.ran_backends(c)})
     if masked:
         add(f"- Attention-mask calls ran on: {', '.join(f'`{b}`' for b in masked)}"
             + (" (the correctness-first PyTorch SDPA fallback)." if masked == ["sdpa"] else "."))
@@ -437,11 +449,12 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
     env = report["environment"]
     add(f"## {os_name} compatibility")
     add("")
-    verdict = _failed_verdict(report)
+    verdict = _not_verified_verdict(report)
     if verdict:
         add(verdict)
         add("")
-        add("The failed run was made on:")
+        add("The failed run was made on:" if any(c["status"] == "fail" for c in report["checks"])
+            else "The run was made on:")
     else:
         add(f"Treat this {os_name} wheel as verified only for:")
     add("")

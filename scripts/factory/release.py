@@ -408,15 +408,8 @@ def _check_report(
         except report_mod.ReportError as exc:
             reasons.append(str(exc))
 
-    checks = report.get("checks") if isinstance(report.get("checks"), list) else []
-    statuses = [c.get("status") if isinstance(c, dict) else None for c in checks]
-    failed = [str(c.get("name", "?")) for c, s in zip(checks, statuses) if s == "fail"]
-    if failed:
-        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
-        reasons.append(f"validation failed: {len(failed)} check(s) failed ({shown})")
-    if "pass" not in statuses:
-        reasons.append("no check passed")
-    reasons += _native_kernels_proven(checks)
+    # failed checks, no pass, or passes that prove nothing about the wheel's CUDA kernels
+    reasons += report_mod.unproven(report.get("checks"))
 
     execution = report.get("execution")
     env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
@@ -434,38 +427,6 @@ def _check_report(
                 f"({', '.join(t.name for t in targets)}) runs there {can}"
             )
     return reasons, (None if problems else report)
-
-
-def _ran(check: dict) -> list[str]:
-    """The backends a check says ran (its ``backends`` list, else its ``backend``)."""
-    ran = check.get("backends")
-    if isinstance(ran, list) and ran:
-        return [str(b) for b in ran]
-    return [check["backend"]] if isinstance(check.get("backend"), str) and check["backend"] else []
-
-
-def _native_kernels_proven(checks: list) -> list[str]:
-    """A pass proves only what ran. A passed check that names no backend proves nothing; one
-    marked native that ran anything but the wheel's CUDA kernels (``cuda-*``) claims a native
-    result from a fallback; and a wheel is validated only if some passed check ran one of its CUDA
-    kernels (the SDPA fallback and the Triton kernels prove nothing about them)."""
-    passed = [c for c in checks if isinstance(c, dict) and c.get("status") == "pass"]
-    reasons = []
-    unnamed = [str(c.get("name", "?")) for c in passed if not _ran(c)]
-    if unnamed:
-        reasons.append(f"passed check(s) that do not say which backend ran: {', '.join(unnamed)}")
-    fallback = [f"{c.get('name', '?')} ({', '.join(_ran(c))})" for c in passed
-                if c.get("native") is True and _ran(c)
-                and not all(b.startswith("cuda-") for b in _ran(c))]
-    if fallback:
-        reasons.append(f"native check(s) passed on a backend other than the wheel's CUDA kernels: "
-                       f"{'; '.join(fallback)}")
-    if passed and not any(b.startswith("cuda-") for c in passed for b in _ran(c)):
-        ran = sorted({b for c in passed for b in _ran(c)})
-        reasons.append(f"no passed check ran a CUDA kernel of this wheel (only "
-                       f"{', '.join(ran) or 'no backend'}): a fallback's pass does not validate "
-                       "native kernels")
-    return reasons
 
 
 def _check_note(note_path: Path, report_path: Path, report: dict | None) -> list[str]:
@@ -559,7 +520,8 @@ def validation_summary(report: dict) -> dict:
         "checks_passed": counts["pass"],
         "checks_failed": counts["fail"],
         "checks_skipped": counts["skip"],
-        "backends": sorted({b for c in checks if c.get("status") == "pass" for b in _ran(c)}),
+        "backends": sorted({b for c in checks if c.get("status") == "pass"
+                            for b in report_mod.ran_backends(c)}),
         "geomean_speedup_vs_sdpa": perf.get("geomean_speedup_vs_sdpa"),
     }
 
@@ -817,7 +779,12 @@ def main(argv: list[str] | None = None) -> int:
     if not plan.accepted:
         print("error: no wheel passed the release checks; nothing written", file=sys.stderr)
         return EXIT_NOTHING
-    write_release(plan, args.out, args.index_base_url, args.index_url)
+    try:
+        write_release(plan, args.out, args.index_base_url, args.index_url)
+    except ValueError as exc:  # the index refuses two accepted wheels it cannot tell apart
+        print(f"error: {exc}: keep one of them in {args.wheels}; nothing written",
+              file=sys.stderr)
+        return EXIT_USAGE
     if not args.json:
         print(f"wrote {len(plan.accepted)} wheel(s) to {args.out} ({len(plan.refused)} refused)")
     if plan.refused and not args.allow_partial:

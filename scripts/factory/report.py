@@ -96,8 +96,7 @@ def wheel_identity(path: str | os.PathLike) -> dict:
 def build_report(suite: dict, *, wheel: dict, command: str, mode: str) -> dict:
     """The report for ``wheel`` (from :func:`wheel_identity`) from the suite's result document."""
     build_info = suite.get("build_info")
-    if build_info is not None:
-        _same_version(wheel, build_info)
+    _same_version(wheel, build_info, suite.get("package"))
     report = {
         "schema_version": SCHEMA_VERSION,
         "wheel": wheel,
@@ -129,7 +128,12 @@ def build_report(suite: dict, *, wheel: dict, command: str, mode: str) -> dict:
     return report
 
 
-def _same_version(wheel: dict, build_info: dict) -> None:
+def _same_version(wheel: dict, build_info: dict | None, package: Any) -> None:
+    if build_info is None:  # every wheel carries its build info; a source tree has none
+        where = package.get("path") if isinstance(package, dict) else None
+        raise ReportError(f"the suite ran a sageattention without build info (a source tree, "
+                          f"at {where or 'an unreported path'}), not the wheel "
+                          f"{wheel['filename']}: another installation shadowed the wheel")
     try:
         inside = Version(str(build_info.get("version")))
     except InvalidVersion:
@@ -277,6 +281,55 @@ def _check_checks(checks: Any) -> list[str]:
             problems.append(f"{where}.backend must be a string or null")
         problems += _check_check_details(where, check)
     return problems
+
+
+# -- what a run proves ----------------------------------------------------------------------------
+# One rule for the release (which publishes only a validated wheel) and the notes (which must not
+# say "verified" of a run the release refuses).
+
+def ran_backends(check: dict) -> list[str]:
+    """The backends a check says ran (its ``backends`` list, else its ``backend``)."""
+    ran = check.get("backends")
+    if isinstance(ran, list) and ran:
+        return [str(b) for b in ran]
+    return [check["backend"]] if isinstance(check.get("backend"), str) and check["backend"] else []
+
+
+def is_native_kernel(backend: str) -> bool:
+    """A CUDA kernel of the wheel (``cuda-sm90-fp16``), not the SDPA fallback nor a Triton kernel."""
+    return backend.startswith("cuda-")
+
+
+def unproven(checks: Any) -> list[str]:
+    """Why a run's checks validate nothing, as sentences (empty: none failed, and some passed on
+    the wheel's own CUDA kernels). A pass proves only what ran: a passed check that names no
+    backend proves nothing; one marked native that ran anything but the wheel's CUDA kernels
+    claims a native result from a fallback; and a wheel is validated only if some passed check ran
+    one of its CUDA kernels (the SDPA fallback and the Triton kernels prove nothing about them)."""
+    checks = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
+    reasons = []
+    failed = [str(c.get("name", "?")) for c in checks if c.get("status") == "fail"]
+    if failed:
+        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        reasons.append(f"validation failed: {len(failed)} check(s) failed ({shown})")
+    passed = [c for c in checks if c.get("status") == "pass"]
+    if not passed:
+        reasons.append("no check passed")
+    unnamed = [str(c.get("name", "?")) for c in passed if not ran_backends(c)]
+    if unnamed:
+        reasons.append(f"passed check(s) that do not say which backend ran: {', '.join(unnamed)}")
+    fallback = [f"{c.get('name', '?')} ({', '.join(ran_backends(c))})" for c in passed
+                if c.get("native") is True and ran_backends(c)
+                and not all(map(is_native_kernel, ran_backends(c)))]
+    if fallback:
+        reasons.append(f"native check(s) passed on a backend other than the wheel's CUDA kernels: "
+                       f"{'; '.join(fallback)}")
+    if passed and not any(is_native_kernel(b) for c in passed for b in ran_backends(c)):
+        ran = sorted({b for c in passed for b in ran_backends(c)})
+        reasons.append(f"no passed check ran a CUDA kernel of this wheel (only "
+                       f"{', '.join(ran) or 'no backend'}): a fallback's pass does not validate "
+                       "native kernels")
+    return reasons
 
 
 # -- the fields a note, a chart or a release states ---------------------------------------------
@@ -446,6 +499,11 @@ def _check_check_details(where: str, check: dict) -> list[str]:
         problems.append(f"{where}.reason must be a string or null")
     if check.get("backends") is not None and not _text_list(check["backends"]):
         problems.append(f"{where}.backends must be a list of strings, got {check['backends']!r}")
+    elif check.get("backends") and isinstance(check.get("backend"), str) \
+            and check["backend"] != ", ".join(check["backends"]):
+        # the note prints backend, the release judges backends: they must say one thing
+        problems.append(f"{where}.backend {check['backend']!r} is not its backends "
+                        f"{check['backends']!r}: the report contradicts itself")
     errors = check.get("errors")
     if errors is not None:
         if not isinstance(errors, dict) or any(

@@ -343,7 +343,13 @@ def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
     except (Refused, reports.ReportError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    path = reports.write_report(doc, args.out_dir)
+    try:
+        path = reports.write_report(doc, args.out_dir)
+    except OSError as exc:  # a read-only or full --out-dir: not "a check failed" (1)
+        print(f"refused: cannot write the report into {args.out_dir} "
+              f"({exc.strerror or exc}); the run's results are lost: validate again with a "
+              "writable --out-dir", file=sys.stderr)
+        return EXIT_REFUSED
     s = doc["summary"] or {}
     print(f"wrote {path}: execution {doc['execution']}, {s.get('pass')} passed, "
           f"{s.get('fail')} failed, {s.get('skip')} skipped")
@@ -354,6 +360,10 @@ def main(argv: list[str] | None = None, runner: Callable = subprocess.run) -> in
     parser = build_parser()
     args = parser.parse_args(argv)
     wheels = [*args.wheels, *(args.wheel or [])]
+    taken = [i for i in (args.only or []) + (args.skip or []) if i.endswith(".whl")]
+    if taken:  # `--only fp16 W.whl`: nargs="+" reads the wheel as a check id
+        parser.error(f"--only/--skip take check ids, not wheels ({', '.join(taken)}); name "
+                     "wheels with --wheel PATH or before --only/--skip")
     if not wheels:
         parser.error("name at least one wheel (--wheel PATH or PATH)")
     # Every wheel is checked before the first one is installed: a typo in the last name must

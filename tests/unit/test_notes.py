@@ -382,6 +382,37 @@ def test_a_failed_report_is_verified_for_nothing():
     assert "Treat this Linux wheel as verified only for:" in note_for(STEM90)
 
 
+def _only_masks(doc: dict) -> None:
+    """The run `validate --only bool-masks` makes: one check, passed on the SDPA fallback."""
+    doc["checks"] = [dict(c, backend="sdpa", backends=["sdpa"]) for c in doc["checks"]
+                     if c["name"] == "Boolean attention masks"]
+
+
+def _all_skipped(doc: dict) -> None:
+    """The run `validate --only two-gpu` makes on one GPU: nothing ran."""
+    doc["checks"] = [c for c in doc["checks"] if c["status"] == "skip"]
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (_only_masks, "no passed check ran a CUDA kernel of this wheel (only sdpa)"),
+    (_all_skipped, "no check passed"),
+], ids=["sdpa-only", "all-skipped"])
+def test_a_run_that_proves_nothing_is_verified_for_nothing(mutate, why):
+    # Such a note said "Treat this Linux wheel as verified only for: ... NVIDIA H200" and "The
+    # kernels ran as compiled machine code: the wheel's sm_90 SASS", though no kernel of the wheel
+    # ran; the release refuses the same report (reports.unproven, one rule for both).
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    mutate(doc)
+    assert why in " ".join(reports.unproven(doc["checks"]))
+    text = notes.render(doc, f"{STEM90}.report.json")
+    verdict = f"**Not validated: {why}"
+    assert text.count(verdict) == 3, text  # at the top, under the checks and under compatibility
+    assert "verified only for" not in text and "All checks that ran passed" not in text
+    assert "The run was made on:" in text
+    assert "ran as compiled machine code" not in text
+    assert "**Execution: none of the wheel's CUDA kernels ran.**" in text
+
+
 @pytest.mark.parametrize("field", ["os", "python", "torch", "cuda_runtime", "driver"])
 def test_a_report_without_its_runs_environment_gets_no_note(tmp_path, capsys, field):
     # The note said "verified only for: CPython ? ... PyTorch ?"; without the OS the rule that a
@@ -518,3 +549,15 @@ def test_a_report_with_a_malformed_field_is_exit_2_with_one_line(tmp_path, capsy
     assert err == f"error: {path} is not a valid report: {err.split(': ', 2)[2]}"
     assert field in err and err.count("\n") == 1, err
     assert not (tmp_path / f"{STEM90}.md").exists()
+
+
+@pytest.mark.parametrize("why", ["y" * 74 + "& more", "y" * 75 + "<class 'RuntimeError'>"])
+def test_chart_stays_valid_svg_where_a_long_error_is_cut_at_a_markup_character(why):
+    doc = reports.load_report(FIXTURES / f"{STEM75}.report.json")
+    doc["performance"]["cases"][0]["speedup_vs_sdpa"] = None
+    doc["performance"]["cases"][0]["error"] = why
+    svg = chart.speedup_svg(doc, "x.report.json")
+    xml.dom.minidom.parseString(svg)  # the cut must not split an entity such as '&amp;'
+    text = [t for t in xml.dom.minidom.parseString(svg).getElementsByTagName("text")
+            if t.firstChild and t.firstChild.data.startswith("not measured: ")]
+    assert text[0].firstChild.data == ("not measured: " + why)[:90]

@@ -284,6 +284,23 @@ def test_two_versions_in_one_release_is_an_error(tmp_path):
         release.plan_release([a, b], tmp_path / "reports")
 
 
+def test_two_accepted_wheels_that_share_a_page_and_tag_are_exit_2_not_a_traceback(
+        tmp_path, capsys):
+    # A rebuild with a build number beside the first build: both validated and accepted, then the
+    # index writer's ValueError ended the release in a traceback.
+    first = _validated(tmp_path, "sm90.torch2.14cu130", ["sm90"])
+    again = first.with_name(first.name.replace("-cp311-", "-1-cp311-", 1))
+    shutil.copy(first, again)
+    fx.write_report(tmp_path / "reports", again, fx.make_report(again))
+    fx.write_note(tmp_path / "reports", again)
+    rc, out = run_release(tmp_path, wheels=tmp_path / "wheels", reports=tmp_path / "reports")
+    err = capsys.readouterr().err
+    assert rc == release.EXIT_USAGE == 2
+    assert "share the tag cp311-cp311-manylinux_2_28_x86_64" in err
+    assert "keep one of them in" in err and "nothing written" in err
+    assert not out.exists()
+
+
 def test_absolute_wheel_links_and_index_url_in_manifest(tmp_path):
     rc, out = run_release(
         tmp_path,

@@ -316,6 +316,41 @@ def test_validate_refuses_when_the_suite_imported_something_else(tmp_path, wheel
     assert "not from the wheel's directory" in capsys.readouterr().err
 
 
+def test_validate_refuses_a_source_tree_that_shadowed_the_installed_wheel(tmp_path, wheel,
+                                                                          capsys):
+    # Without --system, a PYTHONPATH naming another checkout put its source tree (no build info,
+    # version 2.2.0) before the installed wheel: the version check was skipped without build info,
+    # and the checkout's results were written as the wheel's report.
+    def runner(argv, **kwargs):
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            doc = suite_doc()
+            doc["build_info"] = None
+            doc["package"] = {"version": "2.2.0", "path": "/home/me/dev/sageattention/__init__.py"}
+            Path(argv[argv.index("--json") + 1]).write_text(json.dumps(doc))
+        return subprocess.CompletedProcess(argv, 0)
+
+    out = tmp_path / "out"
+    assert validate.main(["--wheel", str(wheel), "--out-dir", str(out)], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert "without build info (a source tree, at /home/me/dev/sageattention/__init__.py)" in err
+    assert "another installation shadowed the wheel" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_check_whose_backend_is_not_its_backends_is_refused():
+    # The note prints `backend` and the release judges `backends`: a report saying cuda-sm90-fp16
+    # in one and sdpa in the other was a note claiming the native kernel for a fallback's pass.
+    doc = stored()
+    doc["checks"][0].update(backend="cuda-sm90-fp16", backends=["sdpa"])
+    assert "checks[0].backend 'cuda-sm90-fp16' is not its backends ['sdpa']: the report " \
+           "contradicts itself" in reports.validate_report(doc)
+    doc["checks"][0].update(backend="sdpa")
+    assert reports.validate_report(doc) == []
+
+
 def test_validate_takes_wheels_as_nox_passes_them(tmp_path, wheel, capsys):
     """noxfile.py passes bare wheel paths; each is validated and the worst status wins."""
     other = tmp_path / WHEEL.replace("sm90", "sm80")
@@ -369,6 +404,44 @@ def test_without_torch_and_without_a_gpu_nothing_is_installed(wheel, capsys, mon
                          runner=runner) == 2
     assert "nvidia-smi lists no NVIDIA GPU" in capsys.readouterr().err
     assert [c[1] for c in calls] == ["-c", "-L"]  # the probe and nvidia-smi, no pip
+
+
+def test_a_report_that_cannot_be_written_is_exit_2_not_a_traceback(tmp_path, wheel, capsys,
+                                                                   monkeypatch):
+    # A read-only --out-dir ended the run in a PermissionError traceback, exit 1: what CI reads
+    # as "a check failed, the report is written".
+    def runner(argv, **kwargs):
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            target = Path(argv[argv.index("--json") + 1])
+            doc = suite_doc()
+            doc["package"]["path"] = str(target.parent / "site/sageattention/__init__.py")
+            target.write_text(json.dumps(doc))
+        return subprocess.CompletedProcess(argv, 0)
+
+    def read_only(target, text):
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(reports, "atomic_write_text", read_only)
+    rc = validate.main(["--wheel", str(wheel), "--system", "--out-dir", str(tmp_path / "ro")],
+                       runner=runner)
+    assert rc == validate.EXIT_REFUSED == 2
+    assert "cannot write the report into" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--only", "fp16", "W"], ["--wheel", "W", "--skip", "fp16", "W2"]])
+def test_a_wheel_read_as_a_check_id_is_named_before_any_work(wheel, capsys, argv):
+    # `--only fp16 W.whl` said "name at least one wheel"; with --wheel given as well, the second
+    # wheel went to the suite as a check id and was refused only after the first was installed.
+    calls = []
+    argv = [str(wheel) if a == "W" else str(wheel.with_name("b-" + wheel.name)) if a == "W2"
+            else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        validate.main(argv, runner=lambda *a, **k: calls.append(a))
+    assert exc.value.code == 2 and calls == []
+    assert "--only/--skip take check ids, not wheels" in capsys.readouterr().err
 
 
 def test_a_hung_suite_is_stopped_and_reported(tmp_path, wheel, capsys):
