@@ -7,7 +7,9 @@ arguments first (inputs.py), asks dispatch.py for a backend, runs it and records
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 import threading
 
 import torch
@@ -115,6 +117,19 @@ def _positive_scale(q, scale: float):
     return torch.neg(q), -scale
 
 
+def _sdpa_kv(k, v, q_heads: int, kv_heads: int):
+    """(k, v, enable_gqa) for torch's SDPA on HND tensors with q_heads query heads. SDPA's enable_gqa
+    (cuDNN, its default there) returned a wrong output, cosine 0 against fp32, with 65536 or more
+    query heads per kv head (torch 2.11, H200: benchmarks/results/h200-2026-12-03-sdpa-gqa.txt); so
+    past the grid limit each query head gets its kv head's copy."""
+    if q_heads == kv_heads:
+        return k, v, False
+    if q_heads > MAX_GRID_YZ:
+        group = q_heads // kv_heads
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), False
+    return k, v, True
+
+
 def _run_sdpa(call: AttnCall, q, k, v):
     p = call.problem
     qh, kh, vh = (q, k, v) if p.tensor_layout == "HND" else (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
@@ -128,13 +143,7 @@ def _run_sdpa(call: AttnCall, q, k, v):
             # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
             # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
             qh, kh, vh = qh.float(), kh.float(), vh.float()
-    gqa = p.q_heads != p.kv_heads
-    if gqa and p.q_heads > MAX_GRID_YZ:
-        # SDPA's enable_gqa (cuDNN, its default there) returned a wrong output, cosine 0 against fp32,
-        # with 65536 or more query heads per kv head (torch 2.11, H200: benchmarks/results/
-        # h200-2026-12-03-sdpa-gqa.txt); so past the grid limit each q head gets its kv head's copy.
-        group = p.q_heads // p.kv_heads
-        kh, vh, gqa = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1), False
+    kh, vh, gqa = _sdpa_kv(kh, vh, p.q_heads, p.kv_heads)
     # torch's SDPA returned NaN/Inf for a zero or negative scale (CUDA; on the CPU with is_causal;
     # torch 2.11 and 2.14), so it gets the same attention with a positive one.
     qh, scale = _positive_scale(qh, call.sm_scale)
@@ -160,26 +169,40 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
         log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
         out, lse = _run_sdpa(call, q, k, v)
     else:
-        row = backend(choice.name)
-        # The kernels take any batch/head/token strides but need a unit-stride head dim.
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        q, sm_scale = _positive_scale(q, call.sm_scale)
-        if row.kind == "triton":
-            from sageattention import triton as triton_backend
-            out, lse = triton_backend.attention(
-                q, k, v, tensor_layout=call.problem.tensor_layout, is_causal=call.is_causal,
-                attn_mask=call.attn_mask, sm_scale=sm_scale, smooth_k=call.smooth_k,
-                return_lse=call.return_lse, pv_dtype="fp8" if row.op == "qk_int8_pv_fp8" else "fp16")
-        else:
-            _check_device_once(q.device)
-            from sageattention import native
-            op = getattr(native, row.op)
-            out, lse = op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
-                          is_causal=call.is_causal, sm_scale=sm_scale,
-                          qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
-                          smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
+        with _autocast_off(q.device.type):
+            out, lse = _run_quantized(call, choice, q, k, v)
     record_backend(choice.name)
     return (out, lse) if call.return_lse else out
+
+
+def _autocast_off(device_type: str):
+    """torch.autocast of this device type off, where it is on: the quantized backends compute in q's
+    dtype and fp32 as written. Under an enabled autocast the ATen calls inside a custom op are cast
+    down too (the dispatcher passes the op through autocast without excluding it there): the native
+    ops' K-smoothing LSE term (glue::add_smoothing_lse, an fp32 at::matmul) came out in bfloat16."""
+    if autocast_dtype(device_type) is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
+def _run_quantized(call: AttnCall, choice: BackendChoice, q, k, v):
+    row = backend(choice.name)
+    # The kernels take any batch/head/token strides but need a unit-stride head dim.
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    q, sm_scale = _positive_scale(q, call.sm_scale)
+    if row.kind == "triton":
+        from sageattention import triton as triton_backend
+        return triton_backend.attention(
+            q, k, v, tensor_layout=call.problem.tensor_layout, is_causal=call.is_causal,
+            attn_mask=call.attn_mask, sm_scale=sm_scale, smooth_k=call.smooth_k,
+            return_lse=call.return_lse, pv_dtype="fp8" if row.op == "qk_int8_pv_fp8" else "fp16")
+    _check_device_once(q.device)
+    from sageattention import native
+    op = getattr(native, row.op)
+    return op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
+              is_causal=call.is_causal, sm_scale=sm_scale,
+              qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
+              smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
 
 
 def _tied(out: torch.Tensor, *sources) -> torch.Tensor:
@@ -322,6 +345,12 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     Triton backend always quantizes with its own kernels."""
     def parse():
         check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
+        if isinstance(attn_mask, numbers.Real) and not isinstance(attn_mask, bool):
+            # A number here is most likely a scale passed by position for upstream's signature,
+            # which has no attn_mask: there the 7th positional parameter is sm_scale.
+            raise TypeError(f"attn_mask (7th positional parameter here; upstream SageAttention's 7th is "
+                            f"sm_scale) must be a torch.Tensor or None, got {type(attn_mask).__name__} "
+                            f"{attn_mask!r}; for a softmax scale pass sm_scale={attn_mask!r} by keyword")
         options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
         options.update(attn_mask=attn_mask, smooth_k=smooth_k)
         return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
@@ -488,8 +517,8 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         if q1 == q0 or k1 == k0:
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=problem.q_heads != problem.kv_heads)
+        ks, vs, gqa = _sdpa_kv(ks, vs, problem.q_heads, problem.kv_heads)
+        o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa)
         out[q0:q1] = o[0].transpose(0, 1)
     record_backend(SDPA)
     return _tied(out, q, k, v)   # every sequence without keys: still recorded

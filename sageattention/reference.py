@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from .inputs import check_head_groups
+
 __all__ = [
     "FAMILY_BLOCK_SIZES",
     "FP16_V_MAX",
@@ -233,8 +235,10 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    if hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv})")
+    check_head_groups(hq, hkv)
+    if d == 0:
+        raise ValueError("head dim 0 is not accepted: there is nothing to quantize (sageattn answers such "
+                         "calls without a kernel)")
     if sm_scale is None:
         sm_scale = d ** -0.5
     dev = q.device
@@ -242,7 +246,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
 
     out_hnd = torch.zeros(b, hq, nq, d, dtype=torch.float32, device=dev)
     lse = torch.full((b, hq, nq), -math.inf, dtype=torch.float32, device=dev)
-    if nq == 0 or nk == 0:
+    if nq == 0 or nk == 0 or hq == 0:
         return _finish(out_hnd, lse, q.dtype, tensor_layout, return_lse)
 
     km = kf.mean(dim=2, keepdim=True) if smooth_k else None

@@ -138,6 +138,27 @@ def int8_quant_shapes(n_tokens, *, is_key: bool, qk_quant_gran: str):
     return padded, padded // block * groups
 
 
+def check_quant_mean(x, mean, tensor_layout: str) -> None:
+    """Refuse a ``mean`` that the ``quant_int8`` ops would misread: they take its data pointer as
+    fp32 ``[B, H, D]`` on x's device, checking only its element count, so a mean on another device
+    (a host pointer handed to the kernel) or of another shape (the same count, read in the wrong
+    order) is an error here, before the op. x itself is checked by the op."""
+    if mean is None:
+        return
+    import torch
+
+    if not isinstance(mean, torch.Tensor):
+        raise TypeError(f"mean must be a torch.Tensor [B, H, D] or None, got {type(mean).__name__}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        return   # the op refuses x, naming what it takes
+    if mean.device != x.device:
+        raise ValueError(f"mean is on {mean.device} but x is on {x.device}; pass K's mean on x's device")
+    b, h, _, d = bhnd(x, tensor_layout)
+    if tuple(mean.shape) != (b, h, d) or not mean.is_floating_point():
+        raise ValueError(f"mean must be a floating-point [B, H, D] = [{b}, {h}, {d}] tensor (x's mean over "
+                         f"its tokens), got shape {tuple(mean.shape)} ({mean.dtype})")
+
+
 def import_extension(extension: str, family: str) -> None:
     """Import one family's compiled extension (which registers its ops), or raise ImportError
     saying why it is not usable here."""
@@ -241,6 +262,7 @@ def fp8_family_quant_int8(namespace: str, x, *, tensor_layout, qk_quant_gran, is
                           scale_mult=1.0, mean=None):
     """``<namespace>::quant_int8``: (int8 [B, H, Npad, D] in HND order, fp32 scales
     [B, H, groups])."""
+    check_quant_mean(x, mean, tensor_layout)
     return _namespace_ops(namespace).quant_int8(x, mean, tensor_layout, qk_quant_gran, bool(is_key),
                                                 float(scale_mult))
 

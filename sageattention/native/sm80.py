@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ExtensionLoader
+from . import ExtensionLoader, check_quant_mean
 
 EXTENSION = "sageattention._kernels_sm80"
 NAMESPACE = "sageattention_sm80"
@@ -30,6 +30,7 @@ def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=
 
     Returns (int8 [B, H, Npad, D] in HND order, fp32 scales [B, H, groups]).
     """
+    check_quant_mean(x, mean, tensor_layout)
     load()
     return torch.ops.sageattention_sm80.quant_int8(x, mean, tensor_layout, qk_quant_gran,
                                                    bool(is_key), float(scale_mult))

@@ -74,3 +74,20 @@ def test_raw_op_refuses_past_the_grid_by_name(fam):
     args = ("HND", False, 0.125, "per_warp") + (() if fam == "sm75" else ("fp32",)) + (True, False)
     with pytest.raises(RuntimeError, match="batch 65536 and 1 heads; the kernels take at most 65535"):
         op(q, k, v, *args)
+
+
+def test_varlen_runs_sdpa_past_the_grid_and_is_right(attn_metrics):
+    # Per-sequence SDPA with enable_gqa gave cosine 0 at 65536 query heads on one kv head (cuDNN,
+    # benchmarks/results/h200-2026-12-03-sdpa-gqa.txt); past the grid each query head gets its copy.
+    import sageattention as sa
+
+    hq = MAX_GRID_YZ + 1
+    q, k, v = (t[0].transpose(0, 1) for t in qkv(1, hq, 1))   # [8 tokens, heads, 64], packed
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
+    out = sa.sageattn_varlen(q, k, v, cu, cu, 5, 5)
+    assert sa.last_backend() == "sdpa"
+    for a, b in ((0, 3), (3, 8)):
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+        got, ref = last_rows(qs, ks, vs, out[a:b].transpose(0, 1)[None])
+        cos, _ = attn_metrics(got, ref)
+        assert cos > 0.9999

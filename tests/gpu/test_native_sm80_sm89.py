@@ -651,3 +651,23 @@ def test_sm90a_ops_refuse_other_gpus_in_words(fam):
     for op, args in _SM90A_RAW_CALLS[fam]:
         with pytest.raises(RuntimeError, match="run only on compute capability 9.0 GPUs"):
             getattr(ops, op)(*args(q, k, v))
+
+
+_FAMILY_BACKEND = {"sm80": "cuda-sm80-fp16", "sm89": "cuda-sm89-fp8", "sm90": "cuda-sm90-fp16",
+                   "sm90_fp8": "cuda-sm90-fp8"}
+
+
+@pytest.mark.parametrize("fam", sorted(SPEC))
+def test_lse_is_the_same_under_the_callers_autocast(fam):
+    # The op's K-smoothing LSE term is an fp32 at::matmul inside the op, which an enabled autocast
+    # casts down to bfloat16 unless sageattn runs the op with autocast off.
+    import sageattention as sa
+
+    family(fam)
+    q, k, v = make_qkv(1, 4, 2, 200, 300, 128, dtype=torch.bfloat16, k_offset=30.0)
+    with sa.force_backend(_FAMILY_BACKEND[fam]):
+        _, want = sa.sageattn(q, k, v, return_lse=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, got = sa.sageattn(q, k, v, return_lse=True)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)   # bfloat16 rounding of the term: ~0.1

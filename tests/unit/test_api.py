@@ -462,6 +462,26 @@ def test_varlen_fallback_is_sdpa_per_sequence(causal):
         assert torch.equal(out[a:b], ref)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_gqa_fallback_past_the_grid_limit_expands_kv(causal, monkeypatch):
+    # As dense sageattn's fallback: past the limit each query head gets its kv head's copy. The
+    # per-sequence SDPA passed enable_gqa=True there, which gave cosine 0 on CUDA (65536+ query heads
+    # per kv head: benchmarks/results/h200-2026-12-03-sdpa-gqa.txt). The limit is made small so the
+    # path runs on CPU, where a stand-in SDPA refuses enable_gqa past it as CUDA's got it wrong.
+    q, k, v, cu_q, cu_k = packed((5, 0, 9), (7, 3, 4), hq=8, hkv=2)
+    ref = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, is_causal=causal)
+    monkeypatch.setattr(core, "MAX_GRID_YZ", 4)
+
+    def sdpa_wrong_past_the_grid(q, k, v, **kw):
+        assert not (kw.get("enable_gqa") and q.shape[1] > core.MAX_GRID_YZ), "enable_gqa past the grid"
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+    monkeypatch.setattr(core, "_torch_sdpa", sdpa_wrong_past_the_grid)
+    out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, 9, 7, is_causal=causal)
+    assert sa.last_backend() == "sdpa"
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-3)
+
+
 def test_varlen_request_carries_sequence_count_and_heads(monkeypatch):
     # The sequence count and the query heads reach the dispatcher, which holds them to the Triton
     # kernel's launch grid (past it: SDPA per sequence).
@@ -646,6 +666,29 @@ def test_quantized_backends_get_a_positive_scale_and_the_same_attention(fake_ker
         o, r = out.double().flatten(), ref.flatten()
         assert F.cosine_similarity(o, r, dim=0) > 0.9998 and (o - r).abs().sum() / r.abs().sum() < 0.02
         assert (lse.double() - ref_lse).abs().max() < 0.1   # INT8 QK error, as the fuzz LSE bars
+
+
+@pytest.mark.parametrize("name", ["cuda-sm80-fp16", "triton-fp16"])
+def test_quantized_backends_run_outside_the_callers_autocast(fake_kernels, monkeypatch, name):
+    # Under an enabled torch.autocast the ATen calls inside a custom op run cast down too: the native
+    # ops' K-smoothing LSE term (an fp32 at::matmul, glue::add_smoothing_lse) came out in bfloat16.
+    # The stand-in computes that term as the op does.
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice(name, "test", False, "per_thread", "fp32")
+
+    def op(q, k, v, **kw):
+        km = k.float().mean(dim=2).repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        lse = torch.matmul(q.float(), km.unsqueeze(-1)).squeeze(-1) * kw["sm_scale"]
+        return torch.zeros_like(q), lse
+
+    monkeypatch.setattr(sa.native, "qk_int8_pv_fp16", op)
+    monkeypatch.setattr(sa.triton, "attention", lambda q, k, v, **kw: op(q, k, v, **kw))
+    q, k, v = qkv(dtype=torch.bfloat16)
+    k = k + 30   # an offset that smoothing takes out: a large correction term
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, lse = sa.sageattn(q, k, v, sm_scale=0.125, return_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(lse, op(q, k, v, sm_scale=0.125)[1])
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive", "additive-fp32"])

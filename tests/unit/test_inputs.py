@@ -156,6 +156,14 @@ def test_bad_masks(mask, kwargs, error, match):
         sa.sageattn_qk_int8_pv_fp16_triton(*qkv(), attn_mask=mask, **kwargs)
 
 
+@pytest.mark.parametrize("scale", [0.1, 1])
+def test_triton_function_names_a_scale_passed_by_upstreams_position(scale):
+    # Upstream's sageattn_qk_int8_pv_fp16_triton has sm_scale 7th; ours has attn_mask there. The
+    # error said only "attn_mask must be a torch.Tensor, got float" for a call that passed a scale.
+    with pytest.raises(TypeError, match=rf"upstream SageAttention's 7th is sm_scale.*sm_scale={scale}"):
+        sa.sageattn_qk_int8_pv_fp16_triton(*qkv(), "HND", "triton", False, scale)
+
+
 def test_masks_that_broadcast_are_accepted():
     problem = inputs.check_qkv(*qkv(b=2), "HND")
     for shape in [(16,), (16, 16), (1, 16, 16), (2, 1, 1, 16), (2, 2, 16, 16)]:

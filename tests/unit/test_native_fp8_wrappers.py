@@ -140,3 +140,17 @@ def test_the_attention_wrapper_traces_whole_under_torch_compile(family_on_schema
     finally:
         impl._destroy()
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("mean,error", [
+    (torch.zeros(1, 3, 64), "mean is on cpu but x is on meta"),          # a host pointer for the kernel
+    (torch.zeros(1, 64, 3, device="meta"), r"\[B, H, D\] = \[1, 3, 64\]"),  # same count, wrong order
+    (torch.zeros(1, 3, 1, 64, device="meta"), r"got shape \(1, 3, 1, 64\)")])
+def test_quant_int8_refuses_a_mean_the_op_would_misread(family_on_schema, mean, error):
+    # the op reads mean's data pointer as fp32 [B, H, D] on x's device and checks only its numel
+    x = torch.empty(1, 70, 3, 64, dtype=torch.float16, device="meta")   # NHD
+    with pytest.raises(ValueError, match=error):
+        family_on_schema.quant_int8(x, tensor_layout="NHD", qk_quant_gran="per_warp", is_key=True, mean=mean)
+    xi8, _ = family_on_schema.quant_int8(x, tensor_layout="NHD", qk_quant_gran="per_warp", is_key=True,
+                                         mean=torch.zeros(1, 3, 64, device="meta"))
+    assert xi8.shape == (1, 3, 128, 64)

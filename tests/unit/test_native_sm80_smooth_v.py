@@ -111,3 +111,15 @@ def test_smoothing_keeps_the_outputs_dtype_and_empty_keys_alone(calls):
     q, k, v = (t[:, :, :0] for t in _qkv("HND"))
     _call(q, k, v, "HND", "fp16", True)
     assert calls[1]["v"].numel() == 0  # no mean of zero tokens (NaN) to add back
+
+
+@pytest.mark.parametrize("mean,error", [
+    (torch.zeros(1, 3, 64), "mean is on cpu but x is on meta"),
+    (torch.zeros(1, 3, 64, device="meta", dtype=torch.int32), "floating-point"),
+    (torch.zeros(3, 64, device="meta"), r"\[B, H, D\] = \[1, 3, 64\]")])
+def test_quant_int8_refuses_a_mean_the_op_would_misread(monkeypatch, mean, error):
+    # checked before the extension is even loaded: the op would read a host pointer or misorder it
+    monkeypatch.setattr(sm80, "load", lambda: pytest.fail("the op was reached"))
+    x = torch.empty(1, 3, 70, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=error):
+        sm80.quant_int8(x, tensor_layout="HND", qk_quant_gran="per_thread", is_key=True, mean=mean)

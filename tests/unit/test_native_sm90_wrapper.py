@@ -113,3 +113,12 @@ def test_bindings_accept_only_fp32_accumulation_and_only_compute_capability_9_0(
     # the device check may live in the shared glue (glue::check_sm90a_device), which sm90_fp8 uses too
     text += (ROOT / "csrc" / "common" / "torch_glue.h").read_text()
     assert "prop->major == 9 && prop->minor == 0" in text and "sm_90a" in text
+
+
+@pytest.mark.parametrize("mean,error", [
+    (torch.zeros(1, 3, 64), "mean is on cpu but x is on meta"),
+    (torch.zeros(3, 1, 64, device="meta"), r"\[B, H, D\] = \[1, 3, 64\]")])
+def test_quant_refuses_a_mean_the_op_would_misread(ops_on_schema, mean, error):
+    x = torch.empty(1, 3, 70, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=error):
+        sm90.quant_int8(x, tensor_layout="HND", qk_quant_gran="per_warp", is_key=True, mean=mean)

@@ -251,6 +251,18 @@ def test_empty_inputs_give_empty_or_zero_results():
     q, k, v = make_qkv(nk=0)
     out, lse = sageattn_reference(q, k, v, return_lse=True)
     assert out.shape == q.shape and not out.any() and torch.isneginf(lse).all()
+    q, k, v = (torch.randn(1, 0, 5, 8) for _ in range(3))   # no heads at all
+    out, lse = sageattn_reference(q, k, v, return_lse=True)
+    assert out.shape == q.shape and lse.shape == (1, 0, 5)
+
+
+@pytest.mark.parametrize("hq,hkv,d,match", [(2, 0, 8, r"multiple of key/value heads \(0\)"),
+                                           (2, 2, 0, "head dim 0")])
+def test_reference_refuses_no_kv_heads_and_head_dim_0_in_words(hq, hkv, d, match):
+    # these were a ZeroDivisionError (h % 0, 0 ** -0.5) and an IndexError from amax
+    q, k = torch.randn(1, hq, 5, d), torch.randn(1, hkv, 5, d)
+    with pytest.raises(ValueError, match=match):
+        sageattn_reference(q, k, k)
 
 
 # --- quantization layout -----------------------------------------------------------------
