@@ -543,10 +543,11 @@ def _choose(req: Request, inv: Inventory, candidates, allow_fallback: bool, forc
 
 
 def _calibrated_choice(req: Request, order: list[str], assessed: list, table: calibration.Table):
-    """(choice, None) from the table's nearest entry, or (None, why the table was not used) for the
-    static order to apply. Among the backends that can run the call (no hard misfit), those that
-    provide every option asked for come first, then the fastest measured, then unmeasured ones in
-    the static order; SDPA runs instead unless that pick was measured at least
+    """(choice, None) from what the table says of the call's shape (the entry that matches it, else
+    times estimated from the nearest entries: Table.estimate), or (None, why the table was not used)
+    for the static order to apply. Among the backends that can run the call (no hard misfit), those
+    that provide every option asked for come first, then the fastest, then unmeasured ones in the
+    static order; SDPA runs instead unless that pick was measured (or estimated) at least
     CALIBRATION_MIN_SPEEDUP times as fast."""
     fitting = [(b, options) for b, hard, options in assessed if not hard]
     if not fitting:
@@ -559,8 +560,8 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
     if None in (req.batch_heads, req.seq_q, req.seq_k):
         return None, f"{label} not used: the call's shape is not known"
     dtype = calibration.dtype_name(req.dtype)
-    entry = table.nearest(dtype=dtype, head_dim=req.head_dim, causal=req.causal, seq_q=req.seq_q,
-                          seq_k=req.seq_k, batch_heads=req.batch_heads)
+    entry = table.estimate(dtype=dtype, head_dim=req.head_dim, causal=req.causal, seq_q=req.seq_q,
+                           seq_k=req.seq_k, batch_heads=req.batch_heads)
     if entry is None:
         kind = "causal" if req.causal else "non-causal"
         return None, f"{label} has no {kind} entries"
@@ -575,8 +576,7 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
         return bool(options), ms is None, ms or 0.0, order.index(b.name)
 
     best, options = min(fitting, key=rank)
-    where = f"{label}, nearest measured: {entry.name}: " + \
-        ", ".join(f"{n} {ms:.3g} ms" for n, ms in measured)
+    where = f"{label}, {entry.basis}: " + ", ".join(entry.figure(n) for n, _ in measured)
     unmeasured = [b.name for b, _ in fitting if entry.time(b.name) is None]
     if unmeasured:
         where += f"; not measured there: {', '.join(unmeasured)}"
@@ -585,11 +585,11 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
         if best_ms is None or sdpa_ms < best_ms:
             reason = f"{SDPA_FASTER} ({where})"
         else:
-            reason = (f"{SDPA_FASTER} within measurement noise ({best.name} measured "
+            reason = (f"{SDPA_FASTER} within measurement noise ({best.name} {entry.verb} "
                       f"{sdpa_ms / best_ms - 1:.1%} faster, less than the {CALIBRATION_MIN_SPEEDUP - 1:.0%} "
                       f"a quantized backend must gain; {where})")
         return BackendChoice(SDPA, reason, True, calibrated=True), None
-    why = f"fastest measured for this shape ({where})"
+    why = f"fastest {entry.verb} for this shape ({where})"
     unusable = [f"{b.name}: {'; '.join(hard)}" for b, hard, _ in assessed if hard]
     if unusable:
         why += " (not usable here: " + " | ".join(unusable) + ")"

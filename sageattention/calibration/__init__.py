@@ -6,8 +6,9 @@ one for a single GPU model of it, which that model reads instead: cards of one c
 memory bandwidth and clocks, so SDPA's speed against ours does too. Each is written from real
 measurements by `python -m sageattention.calibrate` (its `_generated` line says how to regenerate
 it). The dispatcher reads it to pick, for a call's shape, the backend that was
-measured fastest, SDPA included. This module owns the format: validating a table, finding the
-entry nearest to a shape, and writing a table. Loading for the dispatcher never raises: a missing
+measured fastest, SDPA included (off the grid: estimated from the nearest measured shapes). This
+module owns the format: validating a table, the entries near a shape and what they say of it, and
+writing a table. Loading for the dispatcher never raises: a missing
 file means "no calibration"; a broken one is logged once and the static order is used.
 
 Schema (version 1):
@@ -36,7 +37,7 @@ from pathlib import Path
 from ..backends import BACKEND_NAMES
 from ..cases import DTYPES, Case
 
-__all__ = ["SCHEMA_VERSION", "CalibrationError", "Entry", "Table", "dtype_name", "dumps", "file_name",
+__all__ = ["ESTIMATE_NEIGHBOURS", "SCHEMA_VERSION", "CalibrationError", "Entry", "Estimate", "Table", "dtype_name", "dumps", "file_name",
            "clear_cache", "for_gpu", "load", "model_slug", "parse", "parse_file_name"]
 
 SCHEMA_VERSION = 1
@@ -96,19 +97,19 @@ class Table:
     generated: str
     entries: tuple[Entry, ...]
 
-    def nearest(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
-                batch_heads: int) -> Entry | None:
-        """The entry closest to this shape, or None when the table has no entry of this causal
-        flag. Entries of the same dtype are preferred, else those of the other half dtype (fp16 and
-        bf16 run the same kernels at the same speed; the entry's name says which was measured);
-        then the same head dim, else the nearest head dim (ties: the smaller); among those, the
-        smallest distance in (log2 seq_q, log2 seq_k, log2 batch*heads), ties going to the first
-        entry in the table's order."""
+    def neighbours(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
+                   batch_heads: int, count: int = 1) -> list[tuple[Entry, float]]:
+        """Up to `count` entries closest to this shape, nearest first, each with its squared distance;
+        [] when the table has no entry of this causal flag. Entries of the same dtype are preferred,
+        else those of the other half dtype (fp16 and bf16 run the same kernels at the same speed;
+        the entry's name says which was measured); then the same head dim, else the nearest head
+        dim (ties: the smaller); among those, by the squared distance in (log2 seq_q, log2 seq_k,
+        log2 batch*heads), ties going to the first entry in the table's order."""
         pool = [e for e in self.entries if e.causal == causal]
         same_dtype = [e for e in pool if e.dtype == dtype]
         pool = same_dtype or pool
         if not pool:
-            return None
+            return []
         dim = min({e.head_dim for e in pool}, key=lambda d: (abs(d - head_dim), d))
         point = tuple(math.log2(max(x, 1)) for x in (seq_q, seq_k, batch_heads))
 
@@ -116,7 +117,79 @@ class Table:
             there = (math.log2(e.seq_len), math.log2(e.case.keys), math.log2(e.batch * e.heads))
             return sum((a - b) ** 2 for a, b in zip(point, there))
 
-        return min((e for e in pool if e.head_dim == dim), key=distance)
+        ranked = sorted(((e, distance(e)) for e in pool if e.head_dim == dim), key=lambda x: x[1])
+        return ranked[:count]
+
+    def nearest(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
+                batch_heads: int) -> Entry | None:
+        """The entry closest to this shape (neighbours' first), or None when the table has no entry
+        of this causal flag."""
+        found = self.neighbours(dtype=dtype, head_dim=head_dim, causal=causal, seq_q=seq_q,
+                                seq_k=seq_k, batch_heads=batch_heads)
+        return found[0][0] if found else None
+
+    def estimate(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
+                 batch_heads: int) -> "Estimate | None":
+        """What the table says of this shape: the nearest entry where one was measured at its point
+        (or the table has one entry, or one without SDPA), else each backend's time relative to SDPA's, interpolated from the
+        ESTIMATE_NEIGHBOURS nearest entries (see Estimate). None when the table has no entry of this
+        causal flag."""
+        found = self.neighbours(dtype=dtype, head_dim=head_dim, causal=causal, seq_q=seq_q,
+                                seq_k=seq_k, batch_heads=batch_heads, count=ESTIMATE_NEIGHBOURS)
+        if not found:
+            return None
+        nearest, d0 = found[0]   # d0 == 0: measured at this point (maybe in the other dtype or head dim)
+        if d0 == 0 or len(found) == 1 or any(e.time("sdpa") is None for e, _ in found):
+            return Estimate.measured(nearest)
+        return Estimate.interpolated(found)
+
+
+# How many measured shapes an off-grid call's estimate draws on. Chosen by leaving each of the 80
+# entries of the H100 table (5b7cdab) out in turn and predicting it from the rest: the nearest entry
+# alone ran the kernel at 0.90-0.91x SDPA on two of them, three neighbours weighted by inverse squared
+# distance lost on none (geomean 1.037x against the nearest entry's 1.026x and 1.049x for a perfect
+# pick); four or six neighbours lost on none either but forwent more of the gains.
+ESTIMATE_NEIGHBOURS = 3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Backends' times for one shape as the dispatcher ranks them: measured milliseconds where an
+    entry matches the shape, else each backend's time as a multiple of SDPA's (so SDPA is 1.0),
+    interpolated from nearby entries as a weighted geometric mean of their time ratios, weights the
+    inverse squared distance (log2 space, as neighbours' distance). An entry that did not measure a
+    backend adds nothing to its estimate; one no entry measured is None."""
+
+    basis: str      # how reasons introduce the figures
+    verb: str       # "measured" or "estimated"
+    unit: str       # " ms", or "" for multiples of SDPA's time
+    times: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def measured(cls, entry: Entry) -> "Estimate":
+        return cls(f"nearest measured: {entry.name}", "measured", " ms", entry.ms)
+
+    @classmethod
+    def interpolated(cls, found: list[tuple[Entry, float]]) -> "Estimate":
+        times = []
+        for backend in BACKEND_NAMES:
+            pairs = [(1.0 / d, math.log(e.time(backend) / e.time("sdpa"))) for e, d in found
+                     if e.time(backend) is not None]
+            if pairs:
+                times.append((backend, math.exp(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs))))
+        names = ", ".join(e.name for e, _ in found)
+        return cls(f"estimated from the {len(found)} nearest measured shapes ({names}), times as a "
+                   "multiple of SDPA's", "estimated", "", tuple(times))
+
+    @property
+    def name(self) -> str:
+        return self.basis.split(": ", 1)[-1]
+
+    def time(self, backend: str) -> float | None:
+        return dict(self.times).get(backend)
+
+    def figure(self, backend: str) -> str:
+        return f"{backend} {self.time(backend):.3g}{self.unit}"
 
 
 # --- validation -------------------------------------------------------------------------------

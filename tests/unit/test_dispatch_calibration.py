@@ -1,6 +1,7 @@
 """The calibrated default dispatch: choose() with an injected calibration table, without a GPU."""
 
 import logging
+import math
 
 import pytest
 import torch
@@ -103,6 +104,75 @@ def test_a_quantized_backend_must_beat_sdpa_by_the_margin():
         assert "less than the 5% a quantized backend must gain" in choice.reason
     clear = table(entry(1, 32, 4096, 128, sdpa=1.0, cuda_sm89_fp8=1.0 / dispatch.CALIBRATION_MIN_SPEEDUP - 1e-4))
     assert choose(req(n=4096), inv(*ALL), calibration=clear).name == "cuda-sm89-fp8"
+
+
+# --- between measured shapes: an estimate from the nearest three ---------------------------------
+
+# The kernel measured 1.25x SDPA at 4x32x4096 and 0.7x at 1x16x2048 and 8x32x1024.
+AROUND_2048 = table(
+    entry(4, 32, 4096, 128, causal=True, sdpa=1.0, cuda_sm90_fp16=0.8),
+    entry(1, 16, 2048, 128, causal=True, sdpa=1.0, cuda_sm90_fp16=1.0 / 0.7),
+    entry(8, 32, 1024, 128, causal=True, sdpa=1.0, cuda_sm90_fp16=1.0 / 0.7),
+    entry(1, 32, 16384, 128, causal=True, sdpa=1.0, cuda_sm90_fp16=0.8))
+
+
+def test_a_shape_between_entries_is_estimated_from_the_nearest_three():
+    # 1x64x2048 causal (measured on an H100 at 0.79x SDPA with the kernel, 89ec0a7): its nearest
+    # entry alone (4x32x4096, squared log2 distance 3) favours the kernel, the next two (distances 4
+    # and 6) do not. Weighted by the inverse squared distance, their geometric mean of the kernel's
+    # time over SDPA's is more than 1, so SDPA runs.
+    choice = choose(req(b=1, h=64, n=2048, causal=True), inv(*FAMILIES), calibration=AROUND_2048)
+    assert choice.name == "sdpa" and choice.calibrated
+    assert choice.reason.startswith(
+        "SDPA is faster for this shape (calibration sm90, estimated from the 3 nearest measured shapes "
+        "(fp16 4x32x4096x128 causal, fp16 1x16x2048x128 causal, fp16 8x32x1024x128 causal), times as "
+        "a multiple of SDPA's: sdpa 1, cuda-sm90-fp16 1.1")
+    w = (1 / 3, 1 / 4, 1 / 6)
+    logs = (math.log(0.8), math.log(1 / 0.7), math.log(1 / 0.7))
+    expected = math.exp(sum(a * b for a, b in zip(w, logs)) / sum(w))
+    estimate = AROUND_2048.estimate(dtype="fp16", head_dim=128, causal=True, seq_q=2048, seq_k=2048,
+                                    batch_heads=64)
+    assert estimate.time("cuda-sm90-fp16") == pytest.approx(expected) and estimate.time("sdpa") == 1.0
+    assert estimate.verb == "estimated"
+
+
+def test_an_estimate_past_the_margin_runs_the_kernel_and_says_it_was_estimated():
+    # 2x32x8192 sits between 4x32x4096 and 1x32x16384 (1.25x, squared distance 3 each); the third
+    # nearest, 1x16x2048 (0.7x), is at 12, so it weighs a quarter as much as each of them: 0.853.
+    choice = choose(req(b=2, h=32, n=8192, causal=True), inv(*FAMILIES), calibration=AROUND_2048)
+    assert choice.name == "cuda-sm90-fp16" and choice.calibrated
+    assert choice.reason.startswith("fastest estimated for this shape (calibration sm90, estimated from "
+                                    "the 3 nearest measured shapes (")
+    assert "cuda-sm90-fp16 0.853, sdpa 1;" in choice.reason
+
+
+def test_a_measured_point_decides_alone_whatever_its_neighbours_say():
+    # At an entry's own point the measurement stands: 4x32x4096 runs the kernel although two of
+    # its three nearest neighbours measured it slower.
+    choice = choose(req(b=4, h=32, n=4096, causal=True), inv(*FAMILIES), calibration=AROUND_2048)
+    assert choice.name == "cuda-sm90-fp16"
+    assert "nearest measured: fp16 4x32x4096x128 causal: cuda-sm90-fp16 0.8 ms, sdpa 1 ms" in choice.reason
+    # the other half dtype measured at the point: the same
+    bf16 = choose(req(b=4, h=32, n=4096, causal=True, dtype=torch.bfloat16), inv(*FAMILIES),
+                  calibration=AROUND_2048)
+    assert bf16.name == "cuda-sm90-fp16" and "nearest measured: fp16 4x32x4096x128 causal" in bf16.reason
+
+
+def test_a_neighbour_without_sdpa_leaves_the_nearest_entry_alone_to_decide():
+    no_sdpa = table(entry(4, 32, 4096, 128, sdpa=1.0, cuda_sm90_fp16=0.8),
+                    entry(1, 16, 2048, 128, cuda_sm90_fp16=2.0))
+    choice = choose(req(b=2, h=32, n=4096), inv(*FAMILIES), calibration=no_sdpa)
+    assert choice.name == "cuda-sm90-fp16" and "nearest measured: fp16 4x32x4096x128" in choice.reason
+
+
+def test_an_estimate_ignores_entries_that_did_not_measure_a_backend():
+    partial = table(entry(4, 32, 4096, 128, sdpa=1.0, cuda_sm90_fp16=0.8, cuda_sm80_fp16=0.5),
+                    entry(1, 32, 16384, 128, sdpa=1.0, cuda_sm90_fp16=0.8))
+    estimate = partial.estimate(dtype="fp16", head_dim=128, causal=False, seq_q=8192, seq_k=8192,
+                                batch_heads=64)
+    assert estimate.time("cuda-sm80-fp16") == pytest.approx(0.5)   # the one entry that measured it
+    assert estimate.time("cuda-sm90-fp16") == pytest.approx(0.8)
+    assert estimate.time("triton-fp16") is None
 
 
 # --- unmeasured backends --------------------------------------------------------------------------
@@ -364,6 +434,16 @@ def test_where_the_table_does_not_apply_cuda_sm90_fp16_comes_first():
     assert lse.name == "cuda-sm90-fp16" and not lse.calibrated
     assert (lse.qk_quant_gran, lse.pv_accum_dtype) == ("per_thread", "fp32")
     assert choose(req(), inv(*FAMILIES)).name == "cuda-sm90-fp16"  # calibration off
+
+
+def test_the_packaged_sm90_table_runs_sdpa_where_the_kernel_lost_off_the_grid():
+    # Measured on an H100 (benchmarks/results/h100-2026-12-07-session-89ec0a7.log): fp16
+    # 1x64x2048x128 causal ran cuda-sm90-fp16 at 0.79x SDPA when the nearest entry alone decided.
+    packaged = calibration.for_gpu((9, 0))
+    choice = choose(req(b=1, h=64, n=2048, causal=True), inv(*FAMILIES), calibration=packaged)
+    assert choice.name == "sdpa" and "estimated from the 3 nearest measured shapes" in choice.reason
+    # and where the kernel measured 1.20x off the grid (1x40x12288x128), it still runs
+    assert choose(req(b=1, h=40, n=12288), inv(*FAMILIES), calibration=packaged).name == "cuda-sm90-fp16"
 
 
 def test_a_calibrated_fp8_pick_says_it_trades_accuracy_and_how_to_keep_fp16():
