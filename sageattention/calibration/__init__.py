@@ -130,10 +130,10 @@ class Table:
 
     def estimate(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
                  batch_heads: int) -> "Estimate | None":
-        """What the table says of this shape: the nearest entry where one was measured at its point
-        (or the table has one entry, or one without SDPA), else each backend's time relative to SDPA's, interpolated from the
-        ESTIMATE_NEIGHBOURS nearest entries (see Estimate). None when the table has no entry of this
-        causal flag."""
+        """What the table says of this shape: the nearest entry's times where it was measured at the
+        shape's point (or it is the only entry, or one of the nearest did not time SDPA), else each
+        backend's time relative to SDPA's, interpolated from the ESTIMATE_NEIGHBOURS nearest entries
+        (see Estimate). None when the table has no entry of this causal flag."""
         found = self.neighbours(dtype=dtype, head_dim=head_dim, causal=causal, seq_q=seq_q,
                                 seq_k=seq_k, batch_heads=batch_heads, count=ESTIMATE_NEIGHBOURS)
         if not found:
@@ -160,6 +160,7 @@ class Estimate:
     inverse squared distance (log2 space, as neighbours' distance). An entry that did not measure a
     backend adds nothing to its estimate; one no entry measured is None."""
 
+    name: str       # the entry's name, or which entries the estimate draws on
     basis: str      # how reasons introduce the figures
     verb: str       # "measured" or "estimated"
     unit: str       # " ms", or "" for multiples of SDPA's time
@@ -167,7 +168,7 @@ class Estimate:
 
     @classmethod
     def measured(cls, entry: Entry) -> "Estimate":
-        return cls(f"nearest measured: {entry.name}", "measured", " ms", entry.ms)
+        return cls(entry.name, f"nearest measured: {entry.name}", "measured", " ms", entry.ms)
 
     @classmethod
     def interpolated(cls, found: list[tuple[Entry, float]]) -> "Estimate":
@@ -177,13 +178,9 @@ class Estimate:
                      if e.time(backend) is not None]
             if pairs:
                 times.append((backend, math.exp(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs))))
-        names = ", ".join(e.name for e, _ in found)
-        return cls(f"estimated from the {len(found)} nearest measured shapes ({names}), times as a "
-                   "multiple of SDPA's", "estimated", "", tuple(times))
-
-    @property
-    def name(self) -> str:
-        return self.basis.split(": ", 1)[-1]
+        name = f"the {len(found)} nearest measured shapes ({', '.join(e.name for e, _ in found)})"
+        return cls(name, f"estimated from {name}, times as a multiple of SDPA's", "estimated", "",
+                   tuple(times))
 
     def time(self, backend: str) -> float | None:
         return dict(self.times).get(backend)
