@@ -81,6 +81,15 @@ class Entry:
         return dict(self.ms).get(backend)
 
 
+# How many measured shapes an off-grid call's estimate draws on. Chosen by leaving each of the 80
+# entries of the H100 table (5b7cdab) out in turn and predicting it from the rest: the nearest entry
+# alone ran the kernel at 0.90-0.91x SDPA on two of them, three neighbours weighted by inverse squared
+# distance lost on none (geomean 1.037x against the nearest entry's 1.026x, and 1.047x with every
+# entry in the table); four or six neighbours lost on none either but forwent more of the gains
+# (benchmarks/calibration_holdout.py reruns this on any table).
+ESTIMATE_NEIGHBOURS = 3
+
+
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cheap dispatch cache key
 class Table:
     """A validated calibration table."""
@@ -96,6 +105,7 @@ class Table:
     method: str
     generated: str
     entries: tuple[Entry, ...]
+    estimate_from: int = ESTIMATE_NEIGHBOURS   # how many entries an estimate off the grid draws on
 
     def neighbours(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
                    batch_heads: int, count: int = 1) -> list[tuple[Entry, float]]:
@@ -132,10 +142,10 @@ class Table:
                  batch_heads: int) -> "Estimate | None":
         """What the table says of this shape: the nearest entry's times where it was measured at the
         shape's point (or it is the only entry, or one of the nearest did not time SDPA), else each
-        backend's time relative to SDPA's, interpolated from the ESTIMATE_NEIGHBOURS nearest entries
+        backend's time relative to SDPA's, interpolated from the `estimate_from` nearest entries
         (see Estimate). None when the table has no entry of this causal flag."""
         found = self.neighbours(dtype=dtype, head_dim=head_dim, causal=causal, seq_q=seq_q,
-                                seq_k=seq_k, batch_heads=batch_heads, count=ESTIMATE_NEIGHBOURS)
+                                seq_k=seq_k, batch_heads=batch_heads, count=self.estimate_from)
         if not found:
             return None
         nearest, d0 = found[0]   # d0 == 0: measured at this point (maybe in the other dtype or head dim)
@@ -144,12 +154,6 @@ class Table:
         return Estimate.interpolated(found)
 
 
-# How many measured shapes an off-grid call's estimate draws on. Chosen by leaving each of the 80
-# entries of the H100 table (5b7cdab) out in turn and predicting it from the rest: the nearest entry
-# alone ran the kernel at 0.90-0.91x SDPA on two of them, three neighbours weighted by inverse squared
-# distance lost on none (geomean 1.037x against the nearest entry's 1.026x and 1.049x for a perfect
-# pick); four or six neighbours lost on none either but forwent more of the gains.
-ESTIMATE_NEIGHBOURS = 3
 
 
 @dataclass(frozen=True)

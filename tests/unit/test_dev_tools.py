@@ -463,3 +463,28 @@ def test_triton_mma_probe_reads_predicated_and_blackwell_mma_and_refuses_old_tar
         probe.main(["--arch", "90", "75"])
     assert refused.value.code == 2
     assert "--arch 75" in capsys.readouterr().err
+
+
+def test_calibration_holdout_finds_the_loss_the_nearest_entry_makes_and_three_neighbours_avoid():
+    # Left out, 2x32x2048 (SDPA faster: the kernel 1.2x its time) is nearest to 2x32x2900 (squared
+    # log2 distance 0.5), where the kernel was faster (0.8x): alone that entry sends it to the
+    # kernel, a loss of 1/1.2. With 1x32x2048 and 4x32x2048 (distance 1 each, kernel 1.5x) the
+    # estimate is above SDPA's time, and no left-out entry loses.
+    from sageattention import calibration
+
+    holdout = _load("calibration_holdout")
+
+    def entry(b, n, kernel_ms):
+        return {"dtype": "fp16", "batch": b, "heads": 32, "seq_len": n, "head_dim": 128, "causal": False,
+                "ms": {"sdpa": 1.0, "cuda-sm90-fp16": kernel_ms}}
+
+    data = {"_generated": "test", "schema_version": 1, "capability": [9, 0], "gpu_name": "Test GPU",
+            "torch": "2.11.0", "triton": None, "date": "2026-12-07", "command": "test", "method": "test",
+            "entries": [entry(1, 2048, 1.5), entry(4, 2048, 1.5), entry(2, 2900, 0.8), entry(2, 2048, 1.2)]}
+    table = calibration.parse(data, source="test")
+    ratios1, losses1 = holdout.holdout(table, 1, 0.97)
+    assert [(name, pick) for name, pick, _ in losses1] == [("fp16 2x32x2048x128 non-causal", "cuda-sm90-fp16")]
+    assert losses1[0][2] == pytest.approx(1 / 1.2)
+    ratios3, losses3 = holdout.holdout(table, 3, 0.97)
+    assert losses3 == [] and len(ratios3) == 4
+    assert holdout.geomean(ratios3) > holdout.geomean(ratios1)
