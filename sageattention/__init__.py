@@ -10,10 +10,11 @@ from __future__ import annotations
 def _package_version() -> str:
     try:
         from . import build_info
-        return build_info.package_version()
+        package_version = build_info.package_version
     except (ImportError, AttributeError):  # the factory's module is not there yet (early checkout)
         from ._version import BASE_VERSION
         return BASE_VERSION
+    return package_version()  # a damaged wheel's build info raises DamagedInstallError here
 
 
 def _check_import() -> None:

@@ -94,17 +94,31 @@ def wheel_filename(label: LocalLabel, python_tag: str, platform_tag: str,
     return f"sageattention-{base_version}+{label}-{python_tag}-{python_tag}-{platform_tag}.whl"
 
 
+class DamagedInstallError(ImportError):
+    """The installed wheel's build info cannot be read: the installation is damaged."""
+
+
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any] | None:
-    """The wheel's build info, or ``None`` in a source checkout (no build info file)."""
+    """The wheel's build info, or ``None`` in a source checkout (no build info file).
+    DamagedInstallError when the file is there but is not build info."""
     try:
-        text = resources.files(__package__).joinpath(BUILD_INFO_FILE).read_text("utf-8")
+        where = resources.files(__package__).joinpath(BUILD_INFO_FILE)
+        text = where.read_text("utf-8")
     except (FileNotFoundError, OSError):
         return None
-    info = json.loads(text)
-    if not isinstance(info, dict) or "version" not in info:
-        raise RuntimeError(f"sageattention/{BUILD_INFO_FILE} is malformed: no 'version' field")
-    return info
+    try:
+        info = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = f"is not valid JSON ({exc})"
+    else:
+        if isinstance(info, dict) and "version" in info:
+            return info
+        problem = ("has no 'version' field" if isinstance(info, dict)
+                   else f"holds a JSON {type(info).__name__}, not an object")
+    raise DamagedInstallError(
+        f"{where} {problem}: this sageattention installation is damaged. Reinstall the wheel: "
+        "pip install --force-reinstall --no-deps <the sageattention .whl file you installed>")
 
 
 def package_version() -> str:

@@ -117,6 +117,16 @@ def qk_int8_pv_fp8(q, k, v, *, family, tensor_layout, is_causal, sm_scale, qk_qu
 # Shape rules shared by the families' fake (meta) implementations; they mirror
 # csrc/common/torch_glue.h (quant_int8) so torch.compile and opcheck see the real shapes.
 
+def check_4d(**tensors) -> None:
+    """Refuse, as the ops do (csrc/common/torch_glue.h), an input that is not 4-D. Every fake calls
+    this first: while tracing, the fake runs instead of the op, and without it a 3-D input was an
+    IndexError from :func:`bhnd`."""
+    for name, t in tensors.items():
+        if len(t.shape) != 4:
+            raise ValueError(f"{name} must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD), "
+                             f"got shape {tuple(t.shape)}")
+
+
 def bhnd(x, tensor_layout: str):
     """(B, H, N, D) of a 4-D tensor in the given layout."""
     if tensor_layout == "HND":
@@ -198,6 +208,7 @@ def register_quant_int8_fake(namespace: str) -> None:
 
     @torch.library.register_fake(f"{namespace}::quant_int8")
     def _quant_int8_fake(x, mean, tensor_layout, qk_quant_gran, is_key, scale_mult):
+        check_4d(x=x)
         b, h, n, d = bhnd(x, tensor_layout)
         padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
         return (x.new_empty((b, h, padded, d), dtype=torch.int8),
@@ -220,6 +231,7 @@ def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::qk_int8_pv_fp16")
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, return_lse):
+        check_4d(q=q, k=k, v=v)
         return attention_fake_outputs(q, tensor_layout, return_lse)
 
 
@@ -238,6 +250,7 @@ def register_fp8_family_fakes(namespace: str) -> None:
 
     @torch.library.register_fake(f"{namespace}::quant_v_fp8")
     def _quant_v_fake(v, tensor_layout, smooth_v):
+        check_4d(v=v)
         b, h, n, d = bhnd(v, tensor_layout)
         padded = (n + 63) // 64 * 64
         return (v.new_empty((b, h, FP8_V_TERMS * d, padded), dtype=torch.float8_e4m3fn),
@@ -247,6 +260,7 @@ def register_fp8_family_fakes(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::qk_int8_pv_fp8")
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, smooth_v, return_lse):
+        check_4d(q=q, k=k, v=v)
         return attention_fake_outputs(q, tensor_layout, return_lse)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import ExtensionLoader
+from . import ExtensionLoader, check_4d
 
 __all__ = ["EXTENSION", "OP_NAMESPACE", "SUPPORT", "load", "qk_int8_pv_fp16"]
 
@@ -40,6 +40,7 @@ def _qk_int8_pv_fp16_fake(
     q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, smooth_k, return_lse
 ):
     # Mirrors bindings.cpp: a contiguous output shaped like q, LSE [B, Hq, Nq] fp32 or an empty [0].
+    check_4d(q=q, k=k, v=v)
     out = q.new_empty(q.shape)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -18,7 +19,7 @@ from . import matrix as matrix_module
 from .errors import (BuildError, FactoryError, MatrixError, PlanError, ToolchainError,
                      WheelCheckError, exit_codes)
 from .kernels import jobs_argument
-from .report import output_dir
+from .report import ReportError, output_dir, parse_wheel_name
 
 
 class _Once(argparse.Action):
@@ -49,14 +50,24 @@ def _sm_arg(text: str) -> str:
 
 
 def _wheel_file(text: str) -> Path:
-    """argparse type of check's WHEEL: an existing file. A path that is not there (a typo, or a
-    shell glob such as wheelhouse/*.whl that matched nothing) is a usage error (exit 2), not a
-    wheel whose name, metadata and build info disagree (exit 6)."""
+    """argparse type of check's WHEEL: an existing wheel file. A path that is not there (a typo,
+    or a shell glob such as wheelhouse/*.whl that matched nothing), or a file that is no wheel (no
+    wheel file name, or not a zip archive), is a usage error (exit 2), not a wheel whose name,
+    metadata and build info disagree (exit 6)."""
     path = Path(text)
     if not path.is_file():
         raise argparse.ArgumentTypeError(
             f"no such wheel file: {text}" + (" (it is a folder)" if path.is_dir() else "")
             + "; name built .whl files, e.g. wheelhouse/*.whl")
+    try:
+        parse_wheel_name(path.name)
+    except ReportError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; name built .whl files, e.g. "
+                                         "wheelhouse/*.whl") from None
+    if not zipfile.is_zipfile(path):
+        raise argparse.ArgumentTypeError(
+            f"{text}: not a wheel (a wheel is a zip archive; this file is not one); name built "
+            ".whl files, e.g. wheelhouse/*.whl")
     return path
 
 

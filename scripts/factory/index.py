@@ -28,7 +28,8 @@ from urllib.parse import quote, urlparse
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-__all__ = ["IndexEntry", "variant_of", "write_index", "wheel_href", "entries_from_manifest", "main"]
+__all__ = ["IndexEntry", "variant_of", "write_index", "wheel_href", "entries_from_manifest",
+           "project_from_manifest", "main"]
 
 # hashlib's hexdigest() form, as the release step writes it and pip compares it.
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -207,6 +208,15 @@ def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
     return entries
 
 
+def project_from_manifest(manifest: dict) -> str:
+    """The project a release manifest is for (its ``project``; sageattention when absent)."""
+    project = manifest.get("project", "sageattention")
+    if not isinstance(project, str) or not project.strip():
+        raise ValueError(f"manifest 'project' must be the project name, a string such as "
+                         f"'sageattention' (or absent: sageattention), got {project!r}")
+    return project
+
+
 def absolute_url(text: str) -> str:
     """argparse type of the URL options here and in release.py: a link written into an index or a
     manifest must be absolute, or every install from it breaks."""
@@ -252,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                              + "; name a folder (it is created if missing)")
         entries = entries_from_manifest(manifest)
         where = write_index(
-            args.out, str(manifest.get("project", "sageattention")), entries, args.wheel_base_url
+            args.out, project_from_manifest(manifest), entries, args.wheel_base_url
         )
     except (OSError, json.JSONDecodeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -181,6 +181,7 @@ def validate_report(doc: Any) -> list[str]:
     if doc.get("execution") not in EXECUTIONS:
         problems.append(f"execution must be one of {EXECUTIONS}, got {doc.get('execution')!r}")
     problems += _check_checks(doc.get("checks"))
+    problems += _check_summary(doc.get("summary"), doc.get("checks"))
     problems += _check_performance(doc.get("performance"))
     problems += _check_stated_fields(doc, env)
     if filename is not None:
@@ -281,6 +282,27 @@ def _check_checks(checks: Any) -> list[str]:
             problems.append(f"{where}.backend must be a string or null")
         problems += _check_check_details(where, check)
     return problems
+
+
+def _check_summary(summary: Any, checks: Any) -> list[str]:
+    """``summary.all_passed`` sets validate's exit status: it must say what the checks say."""
+    if summary is None:
+        return []
+    if not isinstance(summary, dict):
+        return [f"summary must be an object or null, got {type(summary).__name__}"]
+    stated = summary.get("all_passed")
+    if stated is not None and not isinstance(stated, bool):
+        return [f"summary.all_passed must be true or false, got {stated!r}"]
+    if stated is None or not isinstance(checks, list):  # no claim, or no checks (said above)
+        return []
+    failed = [str(c.get("name", "?")) for c in checks
+              if isinstance(c, dict) and c.get("status") == "fail"]
+    if stated == (not failed):
+        return []
+    said = (f"{len(failed)} check(s) failed ({', '.join(failed)})" if failed
+            else "no check failed")
+    return [f"summary.all_passed is {str(stated).lower()}, but {said}: the report contradicts "
+            "itself"]
 
 
 # -- what a run proves ----------------------------------------------------------------------------

@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "Refuses without a GPU.",
         epilog=f"exit codes: {EXIT_OK} every check passed or was skipped; {EXIT_CHECK_FAILED} a "
                f"check failed (the report is still written); {EXIT_REFUSED} refused (bad "
-               f"arguments, no GPU, not a sageattention wheel, a report it could not write; "
+               f"arguments, no GPU, not a sageattention wheel, a suite result that makes no valid "
+               f"report, a report it could not write; "
                f"nothing installed); "
                f"{EXIT_CRASHED} the install or the suite crashed or ran past --timeout; "
                f"{EXIT_NOT_HERE} the wheel is for another Python, OS or (--system) torch than "
@@ -290,6 +291,21 @@ def _imported_from_wheel(suite: dict, args, workdir: Path) -> str | None:
     return None
 
 
+def read_suite(path: Path) -> dict:
+    """The suite's result document; ReportError (no report can be made) unless it is a JSON
+    object."""
+    try:
+        suite = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise reports.ReportError(f"the suite's result (--json) is not valid JSON ({exc}): no "
+                                  "report can be made from it") from None
+    if not isinstance(suite, dict):
+        raise reports.ReportError(f"the suite's result (--json) is a JSON "
+                                  f"{type(suite).__name__}, not an object: no report can be "
+                                  "made from it")
+    return suite
+
+
 def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
     """Install one wheel, run the suite against it, write its report; return the exit status."""
     try:
@@ -330,7 +346,7 @@ def validate_wheel(wheel: Path, args, command: str, runner: Callable) -> int:
                 print(f"error: the suite crashed or timed out (exit {rc}) without a result",
                       file=sys.stderr)
                 return EXIT_CRASHED
-            suite = json.loads(suite_path.read_text(encoding="utf-8"))
+            suite = read_suite(suite_path)
             shadow = _imported_from_wheel(suite, args, workdir)
             if shadow:
                 raise Refused(shadow)

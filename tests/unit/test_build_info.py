@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,6 +64,42 @@ def test_source_checkout_has_no_build_info():
 def test_package_version_comes_from_build_info(monkeypatch):
     monkeypatch.setattr(build_info, "load", lambda: {"version": "2.2.0+sm80.torch2.14cu130"})
     assert build_info.package_version() == "2.2.0+sm80.torch2.14cu130"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"version": ', "is not valid JSON (Expecting value"),
+    ("[]", "holds a JSON list, not an object"),
+    ('{"torch": "2.14.1"}', "has no 'version' field"),
+], ids=["not-json", "not-an-object", "no-version"])
+def test_malformed_build_info_is_a_damaged_installation(tmp_path, monkeypatch, text, problem):
+    # A JSONDecodeError traceback at `import sageattention` (a RuntimeError without a remedy
+    # for a missing version): now an ImportError naming the file and what to do.
+    (tmp_path / build_info.BUILD_INFO_FILE).write_text(text)
+    monkeypatch.setattr(build_info, "resources", SimpleNamespace(files=lambda package: tmp_path))
+    build_info.load.cache_clear()
+    try:
+        with pytest.raises(build_info.DamagedInstallError) as exc:
+            build_info.load()
+    finally:
+        build_info.load.cache_clear()
+    assert isinstance(exc.value, ImportError)
+    assert str(exc.value).startswith(f"{tmp_path / build_info.BUILD_INFO_FILE} {problem}")
+    assert "this sageattention installation is damaged. Reinstall the wheel: pip install " \
+        "--force-reinstall --no-deps" in str(exc.value)
+
+
+def test_import_of_a_wheel_with_malformed_build_info_says_the_installation_is_damaged(tmp_path):
+    package = tmp_path / "sageattention"
+    shutil.copytree(Path(build_info.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__", build_info.BUILD_INFO_FILE))
+    (package / build_info.BUILD_INFO_FILE).write_text('{"version": ')
+    res = subprocess.run([sys.executable, "-c", "import sageattention"], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"sageattention.build_info.DamagedInstallError: "
+                           f"{package / build_info.BUILD_INFO_FILE} is not valid JSON"), res.stderr
+    assert "JSONDecodeError" not in last and "Reinstall the wheel" in last
 
 
 def test_factory_and_runtime_share_one_label_rule():

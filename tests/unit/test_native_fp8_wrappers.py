@@ -142,6 +142,45 @@ def test_the_attention_wrapper_traces_whole_under_torch_compile(family_on_schema
         torch._dynamo.reset()
 
 
+RANK_ERROR = (r"must be 4-D \(\[B, H, N, D\] for HND, \[B, N, H, D\] for NHD\), "
+              r"got shape \(3, 70, 64\)")
+
+
+def test_the_fakes_refuse_an_input_that_is_not_4d(family_on_schema):
+    # Each fake read bhnd(...) of its input unchecked: a 3-D input was an IndexError ("tuple index
+    # out of range"), also under torch.compile, instead of what the op says.
+    module = family_on_schema
+    x3 = torch.empty(3, 70, 64, dtype=torch.float16, device="meta")
+    x4 = torch.empty(1, 3, 70, 64, dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match=f"^x {RANK_ERROR}"):
+        module.quant_int8(x3, tensor_layout="HND", qk_quant_gran="per_warp", is_key=True)
+    with pytest.raises(ValueError, match=f"^v {RANK_ERROR}"):
+        module.quant_v_fp8(x3, tensor_layout="NHD", smooth_v=False)
+    with pytest.raises(ValueError, match=f"^k {RANK_ERROR}"):
+        module.qk_int8_pv_fp8(x4, x3, x4, tensor_layout="HND", qk_quant_gran="per_warp",
+                              pv_accum_dtype="fp32", return_lse=False, **ATTN_KWARGS)
+    impl = torch.library.Library(module.NAMESPACE, "IMPL")
+    impl.impl("qk_int8_pv_fp8", lambda q, k, v, *args: (q * 2, q.new_zeros((0,))), "CPU")
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            lambda q: module.qk_int8_pv_fp8(q, q, q, tensor_layout="HND", qk_quant_gran="per_warp",
+                                            pv_accum_dtype="fp32", return_lse=False,
+                                            **ATTN_KWARGS)[0],
+            fullgraph=True, backend="eager")
+        with pytest.raises(Exception) as exc:
+            compiled(torch.randn(3, 70, 64))
+        chain, e = [], exc.value
+        while e is not None:
+            chain.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        assert "ValueError: q must be 4-D" in " <- ".join(chain)
+        assert "IndexError" not in " <- ".join(chain)
+    finally:
+        impl._destroy()
+        torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("mean,error", [
     (torch.zeros(1, 3, 64), "mean is on cpu but x is on meta"),          # a host pointer for the kernel
     (torch.zeros(1, 64, 3, device="meta"), r"\[B, H, D\] = \[1, 3, 64\]"),  # same count, wrong order

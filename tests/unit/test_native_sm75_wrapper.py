@@ -73,6 +73,18 @@ def test_wrapper_calls_the_schema_and_the_fake_gives_the_shapes(wrapper_on_schem
         assert lse is None
 
 
+def test_the_fake_refuses_an_input_that_is_not_4d(schema_op):
+    # The op called directly (as torch.compile traces it) skips the wrapper's checks: the fake
+    # gave a 3-D q an LSE of the wrong shape, and a 2-D one an IndexError.
+    q3 = torch.empty(2, 33, 64, dtype=torch.float16, device="meta")
+    q4 = torch.empty(2, 4, 33, 64, dtype=torch.float16, device="meta")
+    words = r"must be 4-D \(\[B, H, N, D\] for HND, \[B, N, H, D\] for NHD\), got shape"
+    with pytest.raises(ValueError, match=rf"^q {words} \(2, 33, 64\)"):
+        schema_op(q3, q4, q4, "HND", False, 0.125, "per_warp", False, True)
+    with pytest.raises(ValueError, match=rf"^v {words} \(33, 64\)"):
+        schema_op(q4, q4, q4[0, 0], "NHD", False, 0.125, "per_warp", False, False)
+
+
 @pytest.mark.parametrize("gran", ["per_block", "per_tensor", None])
 def test_wrapper_rejects_other_granularities_before_any_launch(gran):
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)

@@ -67,6 +67,18 @@ def test_quant_fake_gives_the_padded_shapes(ops_on_schema, is_key, gran, expecte
     assert scale.shape == (1, 3, expected[1]) and scale.dtype == torch.float32
 
 
+def test_the_fakes_refuse_an_input_that_is_not_4d(ops_on_schema):
+    # The sm80 and sm90 fakes read bhnd(...) of their input unchecked: an IndexError for a 3-D one.
+    x3 = torch.empty(3, 70, 64, dtype=torch.float16, device="meta")
+    words = (r"must be 4-D \(\[B, H, N, D\] for HND, \[B, N, H, D\] for NHD\), "
+             r"got shape \(3, 70, 64\)")
+    with pytest.raises(ValueError, match=f"^x {words}"):
+        sm90.quant_int8(x3, tensor_layout="HND", qk_quant_gran="per_warp", is_key=False)
+    with pytest.raises(ValueError, match=f"^q {words}"):
+        sm90.qk_int8_pv_fp16(x3, x3, x3, tensor_layout="NHD", qk_quant_gran="per_warp",
+                             return_lse=True, **KWARGS)
+
+
 # --- the C++ side: what the family compiles, read from its sources ---------------------------
 
 def _source(name: str) -> str:

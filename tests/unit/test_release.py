@@ -714,6 +714,21 @@ def test_index_cli_refuses_a_manifest_that_lists_no_wheels(tmp_path, capsys):
     assert not site.exists()
 
 
+@pytest.mark.parametrize("project", [None, "", 5])
+def test_index_cli_names_the_project_field_it_cannot_use(tmp_path, capsys, project):
+    # "project": null was written as str(None): "wheel '...' is not a 'None' wheel".
+    name = fx.wheel_filename("sm90.torch2.14cu130", fx.LINUX_311)
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"project": project,
+                                    "wheels": [{"filename": name, "sha256": "a" * 64}]}))
+    site = tmp_path / "site"
+    assert index.main(["--manifest", str(manifest), "--out", str(site)]) == 2
+    err = capsys.readouterr().err
+    assert (f"error: manifest 'project' must be the project name, a string such as "
+            f"'sageattention' (or absent: sageattention), got {project!r}") in err, err
+    assert len(err.strip().splitlines()) == 1 and not site.exists()
+
+
 def test_a_folder_named_like_a_wheel_is_refused_with_its_reason(tmp_path, capsys):
     # It was an IsADirectoryError traceback from zipfile.
     wheels = tmp_path / "wheels"

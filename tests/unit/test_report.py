@@ -340,6 +340,66 @@ def test_validate_refuses_a_source_tree_that_shadowed_the_installed_wheel(tmp_pa
     assert not out.exists() or not any(out.iterdir())
 
 
+def _suite_runner(write):
+    """A stand-in runner whose suite writes ``write(path of its --json)`` as its result."""
+    def runner(argv, **kwargs):
+        if argv[1] == "-c":
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
+                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
+        if argv[1:3] == ["-m", "sageattention.validation"]:
+            target = Path(argv[argv.index("--json") + 1])
+            target.write_text(write(target))
+        return subprocess.CompletedProcess(argv, 0)
+    return runner
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{not json", "the suite's result (--json) is not valid JSON (Expecting property name"),
+    ("[1, 2]", "the suite's result (--json) is a JSON list, not an object"),
+], ids=["not-json", "not-an-object"])
+def test_validate_refuses_a_suite_result_that_is_not_a_json_object(tmp_path, wheel, capsys, text,
+                                                                   words):
+    # A JSONDecodeError or AttributeError traceback (exit 1, "a check failed"); no report can be
+    # made from it: refused (2), nothing written.
+    out = tmp_path / "out"
+    rc = validate.main(["--wheel", str(wheel), "--system", "--out-dir", str(out)],
+                       runner=_suite_runner(lambda _: text))
+    err = capsys.readouterr().err
+    assert rc == validate.EXIT_REFUSED == 2, err
+    assert f"refused: {words}" in err and "no report can be made from it" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("status, all_passed, said", [
+    ("fail", True, "summary.all_passed is true, but 1 check(s) failed ({name})"),
+    ("pass", False, "summary.all_passed is false, but no check failed"),
+], ids=["failed-but-all-passed", "passed-but-not-all-passed"])
+def test_validate_refuses_a_summary_that_contradicts_the_checks(tmp_path, wheel, capsys, status,
+                                                               all_passed, said):
+    # The exit status came from summary.all_passed alone: a failed check under all_passed true
+    # was written as a report and exited 0.
+    def contradicting(target):
+        doc = suite_doc()
+        doc["package"]["path"] = str(target.parent / "site/sageattention/__init__.py")
+        for check in doc["checks"]:
+            check.update(status="pass", reason=None)
+        doc["checks"][0].update(status=status, reason="differs" if status == "fail" else None)
+        doc["summary"]["all_passed"] = all_passed
+        return json.dumps(doc)
+
+    out = tmp_path / "out"
+    rc = validate.main(["--wheel", str(wheel), "--system", "--out-dir", str(out)],
+                       runner=_suite_runner(contradicting))
+    err = capsys.readouterr().err
+    assert rc == validate.EXIT_REFUSED, err
+    name = suite_doc()["checks"][0]["name"]
+    assert f"{said.format(name=name)}: the report contradicts itself" in err, err
+    assert not out.exists()
+    doc = stored()
+    doc["summary"]["all_passed"] = not doc["summary"]["all_passed"]
+    assert any("the report contradicts itself" in p for p in reports.validate_report(doc))
+
+
 def test_a_check_whose_backend_is_not_its_backends_is_refused():
     # The note prints `backend` and the release judges `backends`: a report saying cuda-sm90-fp16
     # in one and sdpa in the other was a note claiming the native kernel for a fallback's pass.
