@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from typing import Sequence
@@ -33,13 +34,18 @@ def _environment() -> dict:
 
 
 def dispatch_summary(capability: tuple[int, int], gpu_name: str | None = None) -> str:
-    """How plain sageattn picks backends on a GPU of this capability and name: calibration table
-    (that GPU model's, else the capability's) or order."""
+    """How plain sageattn picks backends on a GPU of this capability and name: the backend
+    SAGEATTENTION_BACKEND forces, else calibration table (that GPU model's, else the
+    capability's) or order."""
     from . import backends, dispatch
     try:
+        forced = dispatch.forced_backend(os.environ)   # given: read without keeping it for traced code
         table = dispatch.calibration_for(capability, gpu_name=gpu_name)
-    except ValueError as exc:  # a bad SAGEATTENTION_CALIBRATION value
+    except ValueError as exc:  # a bad SAGEATTENTION_BACKEND / SAGEATTENTION_CALIBRATION value
         return f"error: {exc}"
+    if forced is not None:  # it wins over the table and the order (docs/api.md)
+        return (f"{forced!r} for every call, forced by {dispatch.ENV_VAR}: no calibration table, no "
+                "fallback (a call it cannot run raises BackendUnavailableError)")
     if table is not None:
         return (f"fastest measured backend per shape, SDPA included, from calibration table "
                 f"{table.label} ({len(table.entries)} entries measured on {table.gpu_name}, "
@@ -110,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {key:12s} {env.get(key)}")
     for gpu in env["gpus"]:
         print(f"  gpu          cuda:{gpu['index']} {gpu['name']} (compute {gpu['capability']})")
+    if not env["gpus"]:
+        print("  gpu          none visible to torch")
     print("verdict: " + ("OK" if ok else "NOT USABLE HERE"))
     for line in lines:
         print(f"  {line}")

@@ -222,12 +222,18 @@ def check_scale(name: str, value) -> float | None:
     return number
 
 
-def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
-    """sm_scale and SDPA's `scale` are aliases; both given and different is an error."""
+def given_scale(sm_scale, scale) -> float | None:
+    """The scale a call gives, as a float, or None: sm_scale and SDPA's `scale` are aliases; both
+    given and different is an error."""
     sm_scale, scale = check_scale("sm_scale", sm_scale), check_scale("scale", scale)
     if sm_scale is not None and scale is not None and sm_scale != scale:
         raise ValueError(f"sm_scale={sm_scale} and scale={scale} disagree; pass one of them")
-    chosen = sm_scale if sm_scale is not None else scale
+    return sm_scale if sm_scale is not None else scale
+
+
+def resolve_sm_scale(sm_scale, scale, head_dim: int) -> float:
+    """The call's scale (given_scale), else the default 1/sqrt(head_dim)."""
+    chosen = given_scale(sm_scale, scale)
     return chosen if chosen is not None else (head_dim ** -0.5 if head_dim else 1.0)
 
 

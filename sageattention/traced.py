@@ -18,11 +18,13 @@ not fit the op's schema take the eager path (which raises the usual error for th
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
 
-from .inputs import SAGEATTN_KEYWORDS, parse_call
+from .inputs import SAGEATTN_KEYWORDS, given_scale, parse_call
 
 
 @torch.library.custom_op("sageattention::sageattn", mutates_args=())
@@ -92,7 +94,6 @@ def _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts) 
     checks = (
         isinstance(tensor_layout, str), isinstance(is_causal, bool), isinstance(return_lse, bool),
         sm_scale is None or _is_number(sm_scale), opts["scale"] is None or _is_number(opts["scale"]),
-        opts["scale"] is None or sm_scale is None,
         mask is None or isinstance(mask, torch.Tensor),
         _is_number(opts["dropout_p"]), opts["enable_gqa"] is None or isinstance(opts["enable_gqa"], bool),
         opts["qk_quant_gran"] is None or isinstance(opts["qk_quant_gran"], str),
@@ -115,11 +116,11 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
         call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                           return_lse=return_lse, options=opts)
         return grad_sdpa(call, q, k, v)
-    scale = sm_scale if opts["scale"] is None else opts["scale"]
+    # one scale slot: the aliases merged as sageattn merges them (both given must agree)
     out, lse = sageattn_op(q, k, v, opts["attn_mask"], tensor_layout, is_causal,
-                           None if scale is None else float(scale), return_lse,
-                           float(opts["dropout_p"]), opts["enable_gqa"], opts["qk_quant_gran"],
-                           opts["pv_accum_dtype"], opts["smooth_k"], opts["smooth_v"])
+                           given_scale(sm_scale, opts["scale"]), return_lse, float(opts["dropout_p"]),
+                           opts["enable_gqa"], opts["qk_quant_gran"], opts["pv_accum_dtype"],
+                           opts["smooth_k"], opts["smooth_v"])
     return (out, lse) if return_lse else out
 
 
@@ -182,13 +183,23 @@ def _call_fake(function, q, k, v, attn_mask, cu_seqlens_q, cu_seqlens_k, names, 
                               sm_scale, pv_accum_dtype, smooth_k, smooth_v, return_lse, max_seqlen_q,
                               max_seqlen_k, dropout_p, enable_gqa, scale)))
     options = dict(SAGEATTN_KEYWORDS)
-    options.update({n: given[n] for n in names.split(",") if n in SAGEATTN_KEYWORDS},
+    # only what the function takes: a keyword it does not know it ignores (with a warning)
+    takes = _takes(function)
+    options.update({n: given[n] for n in names.split(",") if n in SAGEATTN_KEYWORDS and n in takes},
                    attn_mask=attn_mask)
     call = parse_call(q, k, v, tensor_layout=tensor_layout or "HND", is_causal=bool(is_causal),
                       sm_scale=sm_scale, return_lse=bool(return_lse), options=options)
     p = call.problem
     lse_shape = (p.batch, p.q_heads, p.q_len) if return_lse else (0,)
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@functools.cache
+def _takes(function: str) -> frozenset:
+    """The keywords `function` takes: its parameters and the SDPA keywords its **kwargs accept."""
+    from . import core
+
+    return frozenset(inspect.signature(getattr(core, function)).parameters) | frozenset(core._SDPA_KEYWORDS)
 
 
 def _fits(value, kind) -> bool:

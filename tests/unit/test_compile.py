@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sageattention as sa
-from sageattention import traced
+from sageattention import inputs, traced
 
 
 def qkv(layout="HND", b=1, hq=4, hkv=2, nq=40, nk=56, d=32, requires_grad=False):
@@ -171,6 +171,21 @@ def test_arguments_the_schema_cannot_carry_take_the_eager_path():
         fn(q, k, v)
 
 
+def test_sm_scale_and_the_same_scale_trace_with_fullgraph():
+    # both aliases given and equal is a valid call (eager takes it); it took the eager path, which
+    # is a graph break, so fullgraph=True failed ("Attempted to call function marked as skipped")
+    q, k, v = qkv()
+    fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v, sm_scale=0.25, scale=0.25), fullgraph=True,
+                       backend="eager")
+    torch.testing.assert_close(fn(q, k, v), sa.sageattn(q, k, v, sm_scale=0.25))
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v, sm_scale=0.25, scale=0.5), fullgraph=True,
+                       backend="eager")
+    with pytest.raises(Exception) as info:
+        fn(q, k, v)
+    assert "sm_scale=0.25 and scale=0.5 disagree" in _chain(info.value)
+
+
 # --- the other five functions: one generic op --------------------------------------------------
 
 SPECIFIC = [
@@ -228,6 +243,22 @@ def test_bad_options_of_a_specific_function_still_name_the_problem():
         fullgraph=True, backend="eager")
     with pytest.raises(ValueError, match="pv_accum_dtype"):
         fn(q, k, v)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("sageattn_qk_int8_pv_fp16_triton", dict(pv_accum_dtype="fp64", qk_quant_gran="per_tensor")),
+    ("sageattn_qk_int8_pv_fp8_cuda_sm90", dict(smooth_v=None)),
+])
+def test_a_keyword_the_function_ignores_is_not_checked_while_tracing(name, kwargs, monkeypatch):
+    # eager code ignores (with a warning) a keyword the function does not take; the fake
+    # validated it as sageattn's own and failed the trace ("pv_accum_dtype='fp64' is not accepted")
+    monkeypatch.setattr(inputs, "_warned_kwargs", set())   # each warns once per process
+    fn = getattr(sa, name)
+    q, k, v = qkv()
+    with pytest.warns(UserWarning, match="ignores the unknown keyword"):
+        want = fn(q, k, v, **kwargs)
+    compiled = torch.compile(lambda q, k, v: fn(q, k, v, **kwargs), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v), want)
 
 
 def test_the_generic_op_passes_opcheck():

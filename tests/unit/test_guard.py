@@ -150,11 +150,22 @@ def test_dispatch_summary_names_the_table_or_the_static_order(monkeypatch):
     assert diagnostics.dispatch_summary((9, 0)).startswith("error: SAGEATTENTION_CALIBRATION='maybe'")
 
 
+def test_dispatch_summary_names_a_backend_the_variable_forces(monkeypatch):
+    # it said "from calibration table sm90" while SAGEATTENTION_BACKEND, which wins, forced another
+    monkeypatch.setenv("SAGEATTENTION_BACKEND", "triton-fp16")
+    summary = diagnostics.dispatch_summary((9, 0), "NVIDIA H200")
+    assert summary.startswith("'triton-fp16' for every call, forced by SAGEATTENTION_BACKEND")
+    assert "calibration table sm90" not in summary
+
+
 def test_diagnostics_command_in_a_source_checkout(capsys, monkeypatch):
     monkeypatch.setattr(build_info, "load", lambda: None)
+    monkeypatch.setattr(diagnostics, "_environment", lambda: dict(
+        python="3.11.7", python_tag="cp311", platform="Linux", torch="2.14.1", torch_cuda="13.0", gpus=[]))
     assert diagnostics.main([]) == 0
     out = capsys.readouterr().out
     assert "build info: none (source checkout)" in out and "verdict: OK" in out
+    assert "gpu          none visible to torch" in out  # it said nothing of the GPU there
 
 
 def test_diagnostics_says_a_bad_dispatch_variable_makes_every_call_raise(capsys, monkeypatch):
