@@ -316,30 +316,6 @@ def test_validate_refuses_when_the_suite_imported_something_else(tmp_path, wheel
     assert "not from the wheel's directory" in capsys.readouterr().err
 
 
-def test_validate_refuses_a_source_tree_that_shadowed_the_installed_wheel(tmp_path, wheel,
-                                                                          capsys):
-    # Without --system, a PYTHONPATH naming another checkout put its source tree (no build info,
-    # version 2.2.0) before the installed wheel: the version check was skipped without build info,
-    # and the checkout's results were written as the wheel's report.
-    def runner(argv, **kwargs):
-        if argv[1] == "-c":
-            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
-                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
-        if argv[1:3] == ["-m", "sageattention.validation"]:
-            doc = suite_doc()
-            doc["build_info"] = None
-            doc["package"] = {"version": "2.2.0", "path": "/home/me/dev/sageattention/__init__.py"}
-            Path(argv[argv.index("--json") + 1]).write_text(json.dumps(doc))
-        return subprocess.CompletedProcess(argv, 0)
-
-    out = tmp_path / "out"
-    assert validate.main(["--wheel", str(wheel), "--out-dir", str(out)], runner=runner) == 2
-    err = capsys.readouterr().err
-    assert "without build info (a source tree, at /home/me/dev/sageattention/__init__.py)" in err
-    assert "another installation shadowed the wheel" in err
-    assert not out.exists() or not any(out.iterdir())
-
-
 def _suite_runner(write):
     """A stand-in runner whose suite writes ``write(path of its --json)`` as its result."""
     def runner(argv, **kwargs):
@@ -351,6 +327,27 @@ def _suite_runner(write):
             target.write_text(write(target))
         return subprocess.CompletedProcess(argv, 0)
     return runner
+
+
+def test_validate_refuses_a_source_tree_that_shadowed_the_installed_wheel(tmp_path, wheel,
+                                                                          capsys):
+    # Without --system, a PYTHONPATH naming another checkout put its source tree (no build info,
+    # version 2.2.0) before the installed wheel: the version check was skipped without build info,
+    # and the checkout's results were written as the wheel's report.
+    def source_tree(target):
+        doc = suite_doc()
+        doc["build_info"] = None
+        doc["package"] = {"version": "2.2.0", "path": "/home/me/dev/sageattention/__init__.py"}
+        return json.dumps(doc)
+
+    runner = _suite_runner(source_tree)
+
+    out = tmp_path / "out"
+    assert validate.main(["--wheel", str(wheel), "--out-dir", str(out)], runner=runner) == 2
+    err = capsys.readouterr().err
+    assert "without build info (a source tree, at /home/me/dev/sageattention/__init__.py)" in err
+    assert "another installation shadowed the wheel" in err
+    assert not out.exists() or not any(out.iterdir())
 
 
 @pytest.mark.parametrize("text, words", [
@@ -470,16 +467,12 @@ def test_a_report_that_cannot_be_written_is_exit_2_not_a_traceback(tmp_path, whe
                                                                    monkeypatch):
     # A read-only --out-dir ended the run in a PermissionError traceback, exit 1: what CI reads
     # as "a check failed, the report is written".
-    def runner(argv, **kwargs):
-        if argv[1] == "-c":
-            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(
-                {"torch": "2.11.0", "cuda_available": True, "devices": 1}), stderr="")
-        if argv[1:3] == ["-m", "sageattention.validation"]:
-            target = Path(argv[argv.index("--json") + 1])
-            doc = suite_doc()
-            doc["package"]["path"] = str(target.parent / "site/sageattention/__init__.py")
-            target.write_text(json.dumps(doc))
-        return subprocess.CompletedProcess(argv, 0)
+    def from_the_wheel(target):
+        doc = suite_doc()
+        doc["package"]["path"] = str(target.parent / "site/sageattention/__init__.py")
+        return json.dumps(doc)
+
+    runner = _suite_runner(from_the_wheel)
 
     def read_only(target, text):
         raise PermissionError(13, "Permission denied", str(target))
