@@ -86,6 +86,13 @@ def _major_minor(version: str, what: str) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+def torch_without_cuda(torch_version: str) -> str:
+    """What a torch whose ``torch.version.cuda`` is None is, for messages: "a ROCm (AMD GPU) build"
+    (a +rocm local label) or "a CPU-only build"."""
+    rocm = torch_version.partition("+")[2].lower().startswith("rocm")
+    return "a ROCm (AMD GPU) build" if rocm else "a CPU-only build"
+
+
 def wheel_filename(label: LocalLabel, python_tag: str, platform_tag: str,
                    base_version: str | None = None) -> str:
     """The wheel file name the factory gives a build of ``label`` (used in guard messages)."""

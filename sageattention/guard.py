@@ -82,8 +82,7 @@ def import_problem(info: Mapping[str, Any] | None, torch_version: str,
     sms = [int(t.split("+")[0][2:]) for t in info["sm_targets"]]
     name = f"sageattention {info['version']}"
     if torch_cuda is None:  # torch.version.cuda is None for a CPU and for a ROCm build
-        kind = ("a ROCm (AMD GPU) build" if torch_version.partition("+")[2].lower()
-                .startswith("rocm") else "a CPU-only build")
+        kind = build_info.torch_without_cuda(torch_version)
         return (f"{name} was built for torch {built_torch[0]}.{built_torch[1]} with CUDA "
                 f"{built_cuda}, but the installed torch {torch_version} is {kind}. "
                 f"Install a CUDA {built_cuda} build of torch=={built_torch[0]}.{built_torch[1]}.*"
@@ -149,12 +148,14 @@ def _targets_that_run_on(sm: int) -> list[int]:
     whose compute_75 PTX the driver compiles), else ``sm`` (the build then says what is missing)."""
     from .backends import load_families
 
+    from .validation.expectation import newest_embedded_ptx
+
     families = load_families()
     if any(f"sm{sm}" in spec.get("serves", []) for spec in families.values()):
         return [sm]
-    floors = [int(spec["embed_ptx"].split("_")[1]) for spec in families.values() if spec.get("embed_ptx")]
-    reachable = [f for f in floors if f <= sm]
-    return [max(reachable)] if reachable else [sm]
+    ptx = newest_embedded_ptx((int(spec["embed_ptx"].split("_")[1]) for spec in families.values()
+                               if spec.get("embed_ptx")), sm)
+    return [ptx if ptx is not None else sm]
 
 
 def _running_diagnostics() -> bool:

@@ -76,6 +76,14 @@ def ptx_runs_on(reach: frozenset[int] | None, ptx_sm: int, gpu_sm: int) -> bool:
     return gpu_sm >= ptx_sm and (reach is None or gpu_sm in reach)
 
 
+def newest_embedded_ptx(embedded_ptx_sms, gpu_sm: int) -> int | None:
+    """For a GPU that no family serves (sm120, say): the newest of the families' ``embed_ptx`` SMs
+    (ptx_serves: that PTX runs on every GPU of its SM or newer) at or below ``gpu_sm``, the target
+    whose wheel runs there; None when there is none."""
+    reachable = [sm for sm in embedded_ptx_sms if sm <= gpu_sm]
+    return max(reachable) if reachable else None
+
+
 def backend_name(family: str, op: str) -> str:
     """Backend name of a family's op, as docs/architecture.md spells them: cuda-sm75-fp16 ...
 

@@ -46,6 +46,7 @@ def expectation():
 
 _rule = load_package_file("sageattention/build_info.py", "_sageattention_label_rule")
 LocalLabel = _rule.LocalLabel
+torch_without_cuda = _rule.torch_without_cuda
 
 
 def base_version(root: Path = REPO_ROOT) -> str:

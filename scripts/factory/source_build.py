@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from . import arch, kernels
 from .errors import ToolchainError
-from .labels import LocalLabel, base_version
+from .labels import LocalLabel, base_version, expectation, torch_without_cuda
 from .model import Cell, Target, parse_targets
 
 TARGETS_ENV = "SAGEATTENTION_SM_TARGETS"
@@ -161,10 +161,8 @@ def resolve(env: Mapping[str, str] = os.environ,
     # GPUs decide the targets only when no target list is set.
     facts = torch_facts(not (env.get(TARGETS_ENV) or env.get("TORCH_CUDA_ARCH_LIST")))
     if not facts.cuda:
-        local = Version(facts.version).local or ""
-        kind = "a ROCm (AMD GPU) build" if local.startswith("rocm") else "a CPU-only build"
         raise ToolchainError(
-            f"torch {facts.version} is {kind}; sageattention's kernels need a CUDA "
+            f"torch {facts.version} is {torch_without_cuda(facts.version)}; sageattention's kernels need a CUDA "
             "build of torch (for example: pip install torch --index-url "
             "https://download.pytorch.org/whl/cu130)")
     targets, source = targets_from_env(env, facts.gpu_capabilities)
@@ -173,11 +171,11 @@ def resolve(env: Mapping[str, str] = os.environ,
         if not any(t.sm in f.serves for f in families.values()):
             served = sorted({s for f in families.values() for s in f.serves})
             # a GPU newer than every family (Blackwell): the embed_ptx family's PTX runs there
-            ptx = sorted(f.embed_ptx for f in families.values()
-                         if f.embed_ptx is not None and f.embed_ptx <= t.sm)
-            hint = (f"; for an sm{t.sm} GPU build sm{ptx[-1]} ({TARGETS_ENV}='sm{ptx[-1]}'), "
-                    f"whose embedded compute_{ptx[-1]} PTX the driver compiles for it"
-                    if ptx else "")
+            ptx = expectation().newest_embedded_ptx(
+                (f.embed_ptx for f in families.values() if f.embed_ptx is not None), t.sm)
+            hint = (f"; for an sm{t.sm} GPU build sm{ptx} ({TARGETS_ENV}='sm{ptx}'), "
+                    f"whose embedded compute_{ptx} PTX the driver compiles for it"
+                    if ptx is not None else "")
             raise ToolchainError(f"no kernel family serves {t} (from {source}); supported: "
                                  + ", ".join(f"sm{s}" for s in served) + hint)
     builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in targets), families))

@@ -129,3 +129,12 @@ def test_source_commit_is_kept_and_a_short_one_is_warned_about(capsys, given, wa
     assert ("not a full 40-character commit hash" in err) == warns
     if warns:
         assert repr(given) in err
+
+
+@pytest.mark.parametrize("version, words", [("2.12.0+rocm6.4", "a ROCm (AMD GPU) build"),
+                                            ("2.12.0+ROCm6.4", "a ROCm (AMD GPU) build"),
+                                            ("2.13.0+cpu", "a CPU-only build"),
+                                            ("2.13.0", "a CPU-only build")])
+def test_a_torch_without_cuda_is_named_rocm_or_cpu_only(version, words):
+    # one wording for the import guard and the source build
+    assert build_info.torch_without_cuda(version) == words

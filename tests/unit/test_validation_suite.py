@@ -950,3 +950,13 @@ def test_factory_validate_passes_every_only_and_skip_to_the_suite():
                                                "--skip", "c", "--skip", "d"])
     assert validate.suite_args(args, "s.json") == ["--json", "s.json", "--only", "a", "b",
                                                    "--skip", "c", "d"]
+
+
+def test_the_newest_embedded_ptx_at_or_below_the_gpu_is_the_target_for_it():
+    from sageattention.validation.expectation import newest_embedded_ptx
+
+    assert newest_embedded_ptx([75], 120) == 75        # Blackwell: the sm75 wheel's compute_75
+    assert newest_embedded_ptx([75, 90], 120) == 90
+    assert newest_embedded_ptx([75, 90], 86) == 75
+    assert newest_embedded_ptx([75], 70) is None        # PTX runs forward only
+    assert newest_embedded_ptx([], 120) is None
