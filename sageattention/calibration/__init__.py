@@ -37,8 +37,9 @@ from pathlib import Path
 from ..backends import BACKEND_NAMES
 from ..cases import DTYPES, Case
 
-__all__ = ["ESTIMATE_NEIGHBOURS", "SCHEMA_VERSION", "CalibrationError", "Entry", "Estimate", "Table", "dtype_name", "dumps", "file_name",
-           "clear_cache", "for_gpu", "load", "model_slug", "parse", "parse_file_name"]
+__all__ = ["ESTIMATE_NEIGHBOURS", "SCHEMA_VERSION", "CalibrationError", "Entry", "Estimate", "Table",
+           "dtype_name", "dumps", "file_name", "clear_cache", "for_gpu", "load", "model_slug", "parse",
+           "parse_file_name"]
 
 SCHEMA_VERSION = 1
 # Top-level keys, in the order a written table lists them (after "_generated").
@@ -130,14 +131,6 @@ class Table:
         ranked = sorted(((e, distance(e)) for e in pool if e.head_dim == dim), key=lambda x: x[1])
         return ranked[:count]
 
-    def nearest(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
-                batch_heads: int) -> Entry | None:
-        """The entry closest to this shape (neighbours' first), or None when the table has no entry
-        of this causal flag."""
-        found = self.neighbours(dtype=dtype, head_dim=head_dim, causal=causal, seq_q=seq_q,
-                                seq_k=seq_k, batch_heads=batch_heads)
-        return found[0][0] if found else None
-
     def estimate(self, *, dtype: str, head_dim: int, causal: bool, seq_q: int, seq_k: int,
                  batch_heads: int) -> "Estimate | None":
         """What the table says of this shape: the nearest entry's times where it was measured at the
@@ -152,8 +145,6 @@ class Table:
         if d0 == 0 or len(found) == 1 or any(e.time("sdpa") is None for e, _ in found):
             return Estimate.measured(nearest)
         return Estimate.interpolated(found)
-
-
 
 
 @dataclass(frozen=True)

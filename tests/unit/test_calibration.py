@@ -110,10 +110,16 @@ def test_load_names_the_file(tmp_path):
 
 # --- nearest entry ----------------------------------------------------------------------------------
 
+def first(table, **shape):
+    """The entry nearest to this shape (Table.neighbours' first), or None."""
+    found = table.neighbours(**shape)
+    return found[0][0] if found else None
+
+
 def nearest(**kw):
     base = dict(dtype="fp16", head_dim=128, causal=False, seq_q=4096, seq_k=4096, batch_heads=128)
     base.update(kw)
-    return calibration.parse(GOOD, source="t").nearest(**base)
+    return first(calibration.parse(GOOD, source="t"), **base)
 
 
 def test_nearest_by_log_distance_within_the_head_dim():
@@ -133,11 +139,11 @@ def test_entries_with_their_own_key_count():
     data["entries"].append({"dtype": "fp16", "batch": 8, "heads": 32, "seq_len": 1, "kv_len": 8192,
                             "head_dim": 128, "causal": False, "ms": {"sdpa": 0.05}})
     table = calibration.parse(data, source="t")
-    decode = table.nearest(dtype="fp16", head_dim=128, causal=False, seq_q=1, seq_k=4096, batch_heads=128)
+    decode = first(table, dtype="fp16", head_dim=128, causal=False, seq_q=1, seq_k=4096, batch_heads=128)
     assert decode.name == "fp16 8x32x1/8192x128 non-causal" and decode.kv_len == 8192
     # queries and keys are separate coordinates: a square call at 4096 keeps its square entry
-    assert table.nearest(dtype="fp16", head_dim=128, causal=False, seq_q=4096, seq_k=4096,
-                         batch_heads=128).name == "fp16 4x32x4096x128 non-causal"
+    assert first(table, dtype="fp16", head_dim=128, causal=False, seq_q=4096, seq_k=4096,
+                 batch_heads=128).name == "fp16 4x32x4096x128 non-causal"
     text = calibration.dumps(data)
     line = next(ln for ln in text.splitlines() if '"kv_len"' in ln)
     assert line.index('"seq_len": 1, "kv_len": 8192, "head_dim"') > 0   # written after seq_len
@@ -171,8 +177,8 @@ def test_same_dtype_first_then_the_other_half_dtype_and_never_the_other_causal_f
     assert nearest(dtype="bf16", causal=True).name == "bf16 4x32x4096x128 causal"
     no_causal = calibration.parse({**GOOD, "entries": [e for e in GOOD["entries"] if not e["causal"]]},
                                   source="t")
-    assert no_causal.nearest(dtype="fp16", head_dim=128, causal=True, seq_q=1, seq_k=1,
-                             batch_heads=1) is None
+    assert no_causal.neighbours(dtype="fp16", head_dim=128, causal=True, seq_q=1, seq_k=1,
+                                batch_heads=1) == []
     assert nearest(seq_q=0, seq_k=0, batch_heads=0) is not None  # empty calls do not crash
 
 
