@@ -36,17 +36,28 @@ def request_for(entry: calibration.Entry, capability) -> Request:
                    seq_k=entry.case.keys, causal=entry.causal)
 
 
+# Every family installed: the table's own timings decide which backends compete.
+INVENTORY = Inventory(native={f: None for f in FAMILIES_ALL}, triton=(True, "ok"))
+
+
+def speedup_of_pick(entry: calibration.Entry, table: calibration.Table) -> tuple[str, float | None]:
+    """The backend dispatch.choose picks for entry's shape with ``table``, and SDPA's time over that
+    backend's as the entry measured them (None where it did not time both)."""
+    pick = dispatch.choose(request_for(entry, table.capability), INVENTORY, calibration=table).name
+    if entry.time(pick) is None or entry.time(SDPA) is None:
+        return pick, None
+    return pick, entry.time(SDPA) / entry.time(pick)
+
+
 def holdout(table: calibration.Table, neighbours: int, loss: float):
     """(speed-ups over SDPA at each left-out entry, [(entry name, pick, speed-up) below loss])."""
-    inventory = Inventory(native={f: None for f in FAMILIES_ALL}, triton=(True, "ok"))
     ratios, losses = [], []
     for i, entry in enumerate(table.entries):
         rest = dataclasses.replace(table, entries=table.entries[:i] + table.entries[i + 1:],
                                    estimate_from=neighbours)
-        pick = dispatch.choose(request_for(entry, table.capability), inventory, calibration=rest).name
-        if entry.time(pick) is None or entry.time(SDPA) is None:
+        pick, ratio = speedup_of_pick(entry, rest)
+        if ratio is None:
             continue   # the left-out entry did not time the pick (or SDPA): nothing to judge
-        ratio = entry.time(SDPA) / entry.time(pick)
         ratios.append(ratio)
         if ratio < loss:
             losses.append((entry.name, pick, ratio))
@@ -55,13 +66,8 @@ def holdout(table: calibration.Table, neighbours: int, loss: float):
 
 def in_table(table: calibration.Table) -> list[float]:
     """Speed-ups over SDPA of the dispatcher's pick at each entry with the entry in the table."""
-    inventory = Inventory(native={f: None for f in FAMILIES_ALL}, triton=(True, "ok"))
-    out = []
-    for entry in table.entries:
-        pick = dispatch.choose(request_for(entry, table.capability), inventory, calibration=table).name
-        if entry.time(pick) is not None and entry.time(SDPA) is not None:
-            out.append(entry.time(SDPA) / entry.time(pick))
-    return out
+    ratios = (speedup_of_pick(entry, table)[1] for entry in table.entries)
+    return [r for r in ratios if r is not None]
 
 
 def geomean(xs: list[float]) -> float:
