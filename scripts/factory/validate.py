@@ -39,6 +39,7 @@ from packaging.version import Version
 
 from scripts.factory import report as reports
 from scripts.factory.labels import LocalLabel
+from scripts.factory.release import os_of_platform_tag
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "release_notes"
@@ -84,8 +85,7 @@ def interpreter_problem(wheel: Path, info: dict, *, system: bool) -> str | None:
     if major_minor and f"cp{major_minor[0]}{major_minor[1]}" not in pythons:
         wants.append(f"CPython {', '.join(sorted(pythons))}")
         have.append(f"Python {here_py}")
-    oses = {"windows" if t.platform.startswith("win") else "linux" if "linux" in t.platform
-            else t.platform for t in tags}
+    oses = {os_of_platform_tag(t.platform) for t in tags}
     here_os = {"win32": "windows", "linux": "linux"}.get(info.get("platform"), info.get("platform"))
     if here_os and here_os not in oses:
         wants.append(" or ".join(sorted(oses)))
