@@ -178,8 +178,9 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
 def _autocast_off(device_type: str):
     """torch.autocast of this device type off, where it is on: the quantized backends compute in q's
     dtype and fp32 as written. Under an enabled autocast the ATen calls inside a custom op are cast
-    down too (the dispatcher passes the op through autocast without excluding it there): the native
-    ops' K-smoothing LSE term (glue::add_smoothing_lse, an fp32 at::matmul) came out in bfloat16."""
+    down too (the dispatcher passes the op through autocast without excluding it there), so the
+    native ops' K-smoothing LSE term (glue::add_smoothing_lse, an fp32 at::matmul) would come out
+    in bfloat16: shown on the CPU with a Python-registered op; the CUDA ops not yet measured."""
     if autocast_dtype(device_type) is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
