@@ -52,7 +52,7 @@ def _build_session(sm: int):
         _call(session, cli.main, ["build", "--sm", f"sm{sm}", *session.posargs])
 
     build.__doc__ = (f"Build every sm{sm} cell this host can build; prints the plan and why "
-                     "other cells skip (-- --no-repair, --jobs N).")
+                     "other cells skip (-- --no-repair, --jobs N, --out DIR).")
     return build
 
 
@@ -91,7 +91,7 @@ for _sm in MATRIX.sms():
 
 @nox.session(venv_backend="none")
 def notes(session: nox.Session) -> None:
-    """Write release_notes/<wheel>.md from each validation report (args go to notes.main)."""
+    """Write release_notes/<wheel>.md and .speedup.svg from each report (args go to notes.main)."""
     from scripts.factory import notes as notes_module
 
     _call(session, notes_module.main, session.posargs)

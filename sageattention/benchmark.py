@@ -415,6 +415,40 @@ def count_arg(minimum: int) -> Callable[[str], int]:
 rounds_arg = count_arg(1)
 
 
+def quantized_head_dims(capability: tuple[int, int] | None = None) -> list[int]:
+    """The head dims some quantized backend takes (on a GPU of ``capability``; None: on any GPU),
+    read from the capability table (sageattention.backends), where each backend's are declared."""
+    from sageattention.backends import capability_table
+
+    return sorted({d for b in capability_table() if b.kind != "sdpa" and b.head_dims is not None
+                   and (capability is None or b.serves(capability)) for d in b.head_dims})
+
+
+def spans(values: list[int]) -> str:
+    """[1, 2, 3, 64] -> '1..3, 64': a sorted list of whole numbers, runs written as ranges."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
+
+
+def head_dim_arg(text: str) -> int:
+    """argparse type of --head-dim: one that some quantized backend takes. Any other was timed as
+    SDPA against SDPA (sageattn falls back to it, every forced backend fails) and exited 0."""
+    accepted = quantized_head_dims()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value not in accepted:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a head dim the quantized kernels take; they take {spans(accepted)}")
+    return value
+
+
 def milliseconds_arg(text: str) -> float:
     """argparse type of --warmup-ms / --rep-ms (here and in python -m sageattention.calibrate): the
     timer divides them by a kernel's time into a count of runs, which NaN, infinity or a negative
@@ -430,7 +464,8 @@ def milliseconds_arg(text: str) -> float:
 
 def output_file_arg(text: str) -> str:
     """argparse type of a file a command writes (here and in python -m sageattention.calibrate):
-    a folder, or a path under a file, is refused before a GPU run rather than after it."""
+    a folder, a path under a file, or one under a folder this process cannot write in, is refused
+    before a GPU run rather than after it."""
     path = Path(text)
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing == path and path.is_dir():
@@ -438,6 +473,11 @@ def output_file_arg(text: str) -> str:
     if existing is not None and existing != path and not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} lies under the file {existing}; name the "
                                          "file to write")
+    folder = path.parent if existing == path else existing
+    if folder is not None and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        # found after the GPU run, it cost the run
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {folder} (no permission, or a "
+                                         "read-only file system); name a file in a folder you can write")
     return text
 
 
@@ -514,7 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="key/value tokens per sequence (default: as --seq-len); e.g. --seq-len "
                            "4096 --kv-len 77 for cross-attention, --seq-len 1 --kv-len 8192 for a "
                            "decoding step")
-    grid.add_argument("--head-dim", nargs="+", action=ListOption, type=int, help="head dimensions (default 128)")
+    grid.add_argument("--head-dim", nargs="+", action=ListOption, type=head_dim_arg,
+                      help="head dimensions (default 128); one of those the quantized kernels take: "
+                           f"{spans(quantized_head_dims())}")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both",
                    help="both: every case causal and not (default); yes: causal only; no: "
                         "non-causal only")
@@ -639,6 +681,15 @@ def main(argv: list[str] | None = None) -> int:
     if absent:
         print(f"error: {absent}", file=sys.stderr)
         return 2
+    if args.head_dim:
+        capability = torch.cuda.get_device_capability(args.device)
+        here = quantized_head_dims(capability)
+        unserved = [d for d in args.head_dim if d not in here]
+        if unserved:  # those cases would time SDPA against itself
+            print(f"error: --head-dim {' '.join(map(str, unserved))}: no quantized kernel takes it on "
+                  f"this GPU (compute capability {capability[0]}.{capability[1]}); here they take "
+                  f"{spans(here) or 'none'}", file=sys.stderr)
+            return 2
     from sageattention.validation.api import Api
 
     api = Api.from_package()

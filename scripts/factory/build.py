@@ -106,6 +106,11 @@ def run_plans(plans: Sequence[CellPlan], *, jobs: int, out_dir: Path = WHEELHOUS
     buildable = [p for p in plans if p.build]
     if not buildable:
         raise PlanError("nothing to build on this host: every cell was skipped (reasons above)")
+    try:  # before the first compile, not after it: a build takes minutes to half an hour
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"cannot create the output folder {out_dir} ({exc.strerror or exc}); "
+                         "pass --out a folder you can write") from None
     return [build_cell(p, jobs=jobs, out_dir=out_dir, matrix=matrix, log=log)
             for p in buildable]
 

@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Write <wheel stem>.speedup.svg from a validation "
                                             "report (beside it unless --out-dir).",
                                 epilog="exit codes: 0 written; 2 a report is missing or invalid "
-                                       "(nothing written) or bad arguments")
+                                       "(nothing written), bad arguments, or a chart could not "
+                                       "be written")
     p.add_argument("reports", nargs="+", type=Path, metavar="REPORT",
                    help="<wheel stem>.report.json files (python -m scripts.factory.validate "
                         "writes them)")
@@ -118,8 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path, doc in docs:
         out_dir = args.out_dir or path.parent
-        out_dir.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {write_chart(doc, out_dir, path.name)}")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            written = write_chart(doc, out_dir, path.name)
+        except OSError as exc:  # a read-only folder or a full disk: no traceback
+            print(f"error: cannot write a chart in {out_dir}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        print(f"wrote {written}")
     return 0
 
 

@@ -1,9 +1,10 @@
 """``python -m scripts.factory``: the build half's command line (nox sessions call this).
 
     python -m scripts.factory matrix [--check FILE] [--json]
-    python -m scripts.factory plan  (--sm sm75 | --cell ID)
-    python -m scripts.factory build (--sm sm75 | --cell ID) [--no-repair] [--jobs N]
-    python -m scripts.factory check WHEEL...
+    python -m scripts.factory plan  (--sm sm75 | --cell ID) [--matrix FILE] [--no-repair]
+    python -m scripts.factory build (--sm sm75 | --cell ID) [--matrix FILE] [--no-repair]
+                                    [--jobs N] [--out DIR]
+    python -m scripts.factory check WHEEL... [--matrix FILE] [--no-file-set]
     python -m scripts.factory ptxas [--family F ...] [--sm XY ...] [-D NAME[=VALUE]] [--strict]
 """
 

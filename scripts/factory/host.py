@@ -49,6 +49,12 @@ class Host:
 BUILD_PYTHON_ENV = "SAGEATTENTION_BUILD_PYTHON"
 
 
+def host_os(platform: str = sys.platform) -> str:
+    """This machine's OS as build_matrix.yaml names it (one of model.OSES). The one answer for
+    the factory's plan (detect_host) and for the cell setup.py builds (source_build.resolve)."""
+    return "windows" if platform == "win32" else "linux"
+
+
 def probe_interpreter(path: str) -> Interpreter | None:
     try:
         out = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True,
@@ -67,7 +73,7 @@ def probe_interpreter(path: str) -> Interpreter | None:
 def find_python(version: str) -> str | None:
     """``python3.X`` on PATH; on Windows also the ``py -3.X`` launcher."""
     exe = shutil.which(f"python{version}")
-    if exe or sys.platform != "win32" or not shutil.which("py"):
+    if exe or host_os() != "windows" or not shutil.which("py"):
         return exe
     out = subprocess.run(["py", f"-{version}", "-c", "import sys; print(sys.executable)"],
                          capture_output=True, text=True)
@@ -76,7 +82,7 @@ def find_python(version: str) -> str | None:
 
 def detect_host(pythons: Iterable[str], env: Mapping[str, str] = os.environ) -> Host:
     """Probe $SAGEATTENTION_BUILD_PYTHON, this interpreter, and ``python3.X`` on PATH."""
-    os_name = "windows" if sys.platform == "win32" else "linux"
+    os_name = host_os()
     candidates = [env.get(BUILD_PYTHON_ENV), sys.executable]
     candidates += [find_python(v) for v in sorted(set(pythons))]
     found: dict[str, list[Interpreter]] = {}
@@ -96,4 +102,4 @@ def detect_host(pythons: Iterable[str], env: Mapping[str, str] = os.environ) -> 
 
 
 def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    return venv / ("Scripts/python.exe" if host_os() == "windows" else "bin/python")

@@ -510,10 +510,11 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: every report in release_notes/).",
         epilog="exit codes: 0 written (with --check: all up to date); 1 --check found a note or "
                "chart missing or out of date; 2 a report is missing or invalid (nothing "
-               "written) or bad arguments")
+               "written), bad arguments, or a note or chart could not be written")
     p.add_argument("reports", nargs="*", type=Path, help="report files (default: all in "
                                                          "release_notes/)")
-    p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where to look for reports")
+    p.add_argument("--dir", type=Path, default=DEFAULT_DIR,
+                   help="where to look for reports when none are named (default: release_notes/)")
     p.add_argument("--out-dir", type=reports.output_dir,
                    help="write here instead of beside each report")
     p.add_argument("--check", action="store_true",
@@ -553,8 +554,12 @@ def main(argv: list[str] | None = None) -> int:
                 if not target.exists() or target.read_text(encoding="utf-8", errors="replace") != text:
                     stale.append(target)
             else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                reports.atomic_write_text(target, text)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    reports.atomic_write_text(target, text)
+                except OSError as exc:  # a read-only folder or a full disk: no traceback
+                    print(f"error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
+                    return 2
                 print(f"wrote {target}")
     if stale:
         print("out of date (run nox -s notes): " + ", ".join(map(str, stale)), file=sys.stderr)

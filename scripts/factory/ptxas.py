@@ -235,7 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "stack, spills and ptxas performance notes per kernel (device code only, or with "
                     "--host the launchers too; no torch, no GPU).",
         epilog="exit codes: 0 done (with --strict: nothing found); 1 --strict found a spill, a "
-               "stack frame or a performance note; 2 bad arguments or nvcc failed.")
+               "stack frame or a performance note; 2 bad arguments, nvcc failed, or --json "
+               "could not be written.")
     parser.add_argument("--family", nargs="+", action="extend", metavar="F",
                         help="families from sageattention/native/families.json (default: all)")
     parser.add_argument("--sm", nargs="+", action="extend", type=_sm_number, metavar="XY",
@@ -274,8 +275,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for note in loose:
         print(f"ptxas: {note}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([dataclasses.asdict(k) for k in kernels], indent=1) + "\n")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps([dataclasses.asdict(k) for k in kernels], indent=1)
+                                 + "\n")
+        except OSError as exc:  # after the compiles: say so, no traceback
+            print(f"error: cannot write --json {args.json}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     bad = [k for k in kernels if k.problems()]
     print(f"{len(kernels)} kernels, {len(bad)} with spills, a stack frame or a performance note"
           + (f" ({', '.join(sorted({k.family for k in bad}))})" if bad else ""))

@@ -675,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             f"exit codes: {EXIT_OK} all wheels accepted (or some refused with --allow-partial); "
             f"{EXIT_REFUSED} some refused (release still written with the accepted ones); "
-            f"{EXIT_USAGE} bad arguments or inputs; "
+            f"{EXIT_USAGE} bad arguments or inputs, or --out could not be written; "
             f"{EXIT_NOTHING} no wheel accepted (nothing written)"
         ),
     )
@@ -784,6 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # the index refuses two accepted wheels it cannot tell apart
         print(f"error: {exc}: keep one of them in {args.wheels}; nothing written",
               file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a read-only or full --out: write_release leaves nothing behind
+        print(f"error: cannot write the release to {args.out}: {exc.strerror or exc}; nothing "
+              "written", file=sys.stderr)
         return EXIT_USAGE
     if not args.json:
         print(f"wrote {len(plan.accepted)} wheel(s) to {args.out} ({len(plan.refused)} refused)")

@@ -695,19 +695,22 @@ def atomic_write_text(target: Path, text: str) -> None:
 
 def output_dir(text: str) -> Path:
     """argparse type of a folder a command writes into (created if missing): a path that is, or
-    lies under, a file is refused before any work, not after it."""
+    lies under, a file, or under a folder this process cannot write in, is refused before any
+    work, not after it."""
     path = Path(text)
     existing = _nearest_existing(path)
     if existing is not None and not existing.is_dir():
         where = "is a file" if existing == path else f"lies under the file {existing}"
         raise argparse.ArgumentTypeError(f"{text!r} {where}; name a folder (it is created if "
                                          "missing)")
+    _refuse_unwritable(text, existing, "a folder where you can write")
     return path
 
 
 def output_file(text: str) -> Path:
-    """argparse type of a file a command writes (its folder is created if missing): a folder, or
-    a path under a file, is refused before any work, not after it."""
+    """argparse type of a file a command writes (its folder is created if missing): a folder, a
+    path under a file, or one under a folder this process cannot write in, is refused before any
+    work, not after it."""
     path = Path(text)
     existing = _nearest_existing(path)
     if existing == path and path.is_dir():
@@ -715,7 +718,19 @@ def output_file(text: str) -> Path:
     if existing is not None and existing != path and not existing.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} lies under the file {existing}; name the "
                                          "file to write")
+    _refuse_unwritable(text, existing.parent if existing == path else existing,
+                       "a file in a folder you can write")
     return path
+
+
+def _refuse_unwritable(text: str, folder: Path | None, instead: str) -> None:
+    """Refuse, before any work, an output whose nearest existing folder this process may not
+    write in (a read-only checkout, another user's folder): found after a long build or GPU run,
+    it cost the run."""
+    if folder is not None and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot write in {folder} (no permission, or a read-only file system); "
+            f"name {instead}")
 
 
 def refuse_folder_targets(targets: list[Path]) -> None:

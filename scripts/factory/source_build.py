@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from packaging.version import Version
 
-from . import arch, kernels
+from . import arch, host, kernels
 from .errors import ToolchainError
 from .labels import LocalLabel, base_version, expectation, torch_without_cuda
 from .model import Cell, Target, parse_targets
@@ -150,10 +150,6 @@ def wheel_cuda_include_dirs(cuda: str, search: list[str] | None = None) -> list[
     return found
 
 
-def host_os() -> str:
-    return "windows" if sys.platform == "win32" else "linux"
-
-
 def resolve(env: Mapping[str, str] = os.environ,
             torch_facts: Callable[[bool], TorchFacts] = probe_torch,
             find_nvcc: Callable[[Mapping[str, str]], Path | None] = kernels.find_nvcc,
@@ -197,7 +193,7 @@ def resolve(env: Mapping[str, str] = os.environ,
 
     label = LocalLabel.create([t.sm for t in targets], facts.version, facts.cuda)
     torch_base = Version(facts.version).base_version
-    cell = Cell(os=host_os(), python=f"{sys.version_info.major}.{sys.version_info.minor}",
+    cell = Cell(os=host.host_os(), python=f"{sys.version_info.major}.{sys.version_info.minor}",
                 torch=torch_base, cuda=facts.cuda, targets=targets)
     wanted = env.get(CELL_ENV)
     if wanted and wanted != cell.id:
