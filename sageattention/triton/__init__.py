@@ -24,6 +24,9 @@ from sageattention.backends import MAX_GRID_YZ  # the kernels' grids carry heads
 
 MIN_CAPABILITY = (8, 0)
 MAX_HEAD_DIM = 256
+# Token positions inside the kernels are int32 (addresses are int64); 2**30 tokens per sequence
+# leaves room for every padding and tile end (n rounded up to 128, plus a 128-row tile).
+MAX_TOKENS = 2**30
 # The FP8-PV kernel (attn_fp8.py): FP8 tensor cores, tiles sized for head dims up to 128.
 MIN_CAPABILITY_FP8 = (8, 9)
 MAX_HEAD_DIM_FP8 = 128
@@ -94,6 +97,13 @@ def _check_heads(hq: int, hkv: int) -> None:
         raise ValueError(f"{hq} query heads exceed the {MAX_GRID_YZ} the kernels' launch grid allows")
 
 
+def _check_tokens(name: str, n: int) -> None:
+    if n > MAX_TOKENS:
+        raise ValueError(f"{name} = {n} tokens in one sequence exceeds the {MAX_TOKENS} (2**30) the "
+                         "Triton kernels index with 32-bit token positions; split the sequence or "
+                         "use another backend")
+
+
 def _check_batch(batch: int) -> None:
     if batch > MAX_GRID_YZ:
         raise ValueError(f"batch {batch} exceeds the {MAX_GRID_YZ} the kernels' launch grid allows; "
@@ -151,6 +161,8 @@ def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, a
     _check_heads(hq, k.shape[1])
     if k.shape[2] == 0:
         raise ValueError("k and v must have at least one token")
+    _check_tokens("q's sequence length", n_q)
+    _check_tokens("k's sequence length", k.shape[2])
     if attn_mask is not None:
         if is_causal:
             raise ValueError("pass either attn_mask or is_causal=True, not both (as SDPA)")
@@ -232,6 +244,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     # The kernel sizes its grid from the true maxima; the arguments are only checked.
     longest_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, lens_q)
     longest_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, lens_k)
+    _check_tokens("the longest q sequence", longest_q)
+    _check_tokens("the longest k sequence", longest_k)
     scale = _resolve_scale(sm_scale, q.shape[-1])
     # The kernels read the offsets as contiguous; the checks above read a strided view correctly.
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -241,4 +255,4 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
 
 __all__ = ["is_available", "attention", "varlen_attention", "MIN_CAPABILITY", "MAX_HEAD_DIM",
-           "MIN_CAPABILITY_FP8", "MAX_HEAD_DIM_FP8", "PV_DTYPES"]
+           "MAX_TOKENS", "MIN_CAPABILITY_FP8", "MAX_HEAD_DIM_FP8", "PV_DTYPES"]

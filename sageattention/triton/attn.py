@@ -97,15 +97,17 @@ def _pv_dot(p, v, acc):
 
 @triton.jit
 def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_n,
-               n_keys, offs_m, offs_ml, offs_n, offs_d, M_base, sm_m, sm_n, n_queries,
+               n_keys, offs_m, offs_n, offs_d, M_base, m_rows, m_cols, sm_m, sm_n, n_queries,
                K_DESC, V_DESC, bi, kvhi,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr, BLOCK_N: tl.constexpr,
                EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
                USE_TMA: tl.constexpr):
     """One K block of online softmax. EDGE masks keys past ``n_keys`` (and the causal diagonal).
 
-    ``offs_m``: the tile's query positions (for causal); ``offs_ml``: the same from 0 (addresses).
-    Tile starts enter addresses as int64 scalars, in-tile offsets as int32, so no product overflows.
+    ``offs_m``: the tile's query positions (causal, and the mask's row check). Tile starts enter
+    addresses as int64 scalars, in-tile offsets as int32, so no product overflows (the host keeps a
+    tile of K8 or V within int32 offsets: quant.tile_addressable). ``m_rows``, ``m_cols``: the
+    mask tile's row and column indices from 0, int64 where its strides need it (MASK_I64).
     """
     cols = start_n + offs_n
     col_ok = cols < n_keys
@@ -137,7 +139,7 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
     else:
         s = qk * scale
         if MASK_KIND != 0:
-            m_ptrs = M_base + start64 * sm_n + offs_ml[:, None] * sm_m + offs_n[None, :] * sm_n
+            m_ptrs = M_base + start64 * sm_n + m_rows[:, None] * sm_m + m_cols[None, :] * sm_n
             m_ok = (offs_m < n_queries)[:, None] & col_ok[None, :]
             if MASK_KIND == 1:
                 mk = tl.load(m_ptrs, mask=m_ok, other=0)
@@ -187,7 +189,7 @@ def _key_bounds(start_m, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_m, n_keys,
-               offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, bi, kvhi,
+               offs_m, offs_n, offs_d, K_DESC, V_DESC, bi, kvhi,
                HEAD_DIM: tl.constexpr, D: tl.constexpr, KBLK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                USE_TMA: tl.constexpr):
@@ -198,13 +200,13 @@ def _attn_rows(q, q_scale, K_base, V_base, KS_base, stride_kn, stride_vn, start_
     mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, mid, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                   stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                   0, 0, 0, K_DESC, V_DESC, bi, kvhi,
+                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base,
+                                   0, 0, 0, 0, 0, K_DESC, V_DESC, bi, kvhi,
                                    HEAD_DIM, D, KBLK, BLOCK_N, False, IS_CAUSAL, 0, USE_TMA)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn,
-                                   stride_vn, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d, K_base,
-                                   0, 0, 0, K_DESC, V_DESC, bi, kvhi,
+                                   stride_vn, start_n, n_keys, offs_m, offs_n, offs_d, K_base,
+                                   0, 0, 0, 0, 0, K_DESC, V_DESC, bi, kvhi,
                                    HEAD_DIM, D, KBLK, BLOCK_N, True, IS_CAUSAL, 0, USE_TMA)
     return acc, l_i, m_i
 
@@ -221,7 +223,7 @@ def _attn_fwd_kernel(
     n_heads, group, n_queries, n_keys, n_q_scales, n_k_scales,
     HEAD_DIM: tl.constexpr, D: tl.constexpr, QBLK: tl.constexpr, KBLK: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-    MASK_KIND: tl.constexpr, RETURN_LSE: tl.constexpr, USE_TMA: tl.constexpr,
+    MASK_KIND: tl.constexpr, MASK_I64: tl.constexpr, RETURN_LSE: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # Causal tiles near the end do the most work: launch them first.
     if IS_CAUSAL:
@@ -250,20 +252,28 @@ def _attn_fwd_kernel(
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         M_base = MASK + b * sm_b + h * sm_h + start_m64 * sm_m
+        if MASK_I64:
+            # The mask's strides are the caller's: row 127 of a contiguous mask of 17M keys already
+            # lies past 2**31 elements. The host says so (a second compiled variant, rarely used);
+            # int64 indices everywhere would cost the common case registers (ptxas: 2x the spills).
+            m_rows, m_cols = offs_ml.to(tl.int64), offs_n.to(tl.int64)
+        else:
+            m_rows, m_cols = offs_ml, offs_n
         B_base = BMAP + b * sb_b + h * sb_h + pid_m * sb_m
         for start_n in range(0, n_keys, BLOCK_N):
             # Blocks whose every (query, key) pair is masked are skipped without loading K or V.
             if tl.load(B_base + (start_n // BLOCK_N) * sb_n) != 0:
                 acc, l_i, m_i = _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, sk_n,
-                                           sv_n, start_n, n_keys, offs_m, offs_ml, offs_n, offs_d,
-                                           M_base, sm_m, sm_n, n_queries, K_base, V_base, 0, 0,
+                                           sv_n, start_n, n_keys, offs_m, offs_n, offs_d,
+                                           M_base, m_rows, m_cols, sm_m, sm_n, n_queries, K_base,
+                                           V_base, 0, 0,
                                            HEAD_DIM, D, KBLK, BLOCK_N, True, False, MASK_KIND,
                                            False)
         # Rows with every key masked: output 0 (as SDPA's math path in recent torch), LSE -inf.
         inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
     else:
         acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, n_keys,
-                                   offs_m, offs_ml, offs_n, offs_d, K_DESC, V_DESC, b.to(tl.int32),
+                                   offs_m, offs_n, offs_d, K_DESC, V_DESC, b.to(tl.int32),
                                    kvh.to(tl.int32), HEAD_DIM, D, KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL,
                                    USE_TMA)
         inv_l = 1.0 / l_i
@@ -301,7 +311,7 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     q8, q_scale, k8, k_scale, corr = quant.quantize_qk(q, k, sm_scale=sm_scale, smooth_k=smooth_k,
                                                        want_lse=return_lse)
     # P.V runs in V's own 16-bit type (fp32 accumulation): a bfloat16 V keeps its range.
-    v16 = v if v.stride(-1) == 1 else v.contiguous()
+    v16 = quant.tile_addressable(v, 2, cfg.block_n)
 
     if out is None:
         out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
@@ -312,8 +322,10 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     if mask_kind == MASK_NONE:
         mask_view = block_map = q_scale
         m_strides = b_strides = (0, 0, 0, 0)
+        mask_i64 = False
     else:
         m_strides, b_strides = mask_view.stride(), block_map.stride()
+        mask_i64 = quant.tile_span(mask_view, {2: cfg.block_m, 3: cfg.block_n}) > quant.INT32_MAX
 
     # Descriptors only where the tile matches the tensor (no padded head dim) and TMA's alignment holds.
     use_tma = cfg.use_tma and mask_kind == MASK_NONE and head_dim == dp and _descriptor_ok(v16)
@@ -334,7 +346,7 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
         n_heads, n_heads // kv_heads, n_queries, n_keys, q_scale.shape[2], k_scale.shape[2],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, KBLK=quant.BLKK,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=is_causal,
-        MASK_KIND=mask_kind, RETURN_LSE=return_lse, USE_TMA=use_tma,
+        MASK_KIND=mask_kind, MASK_I64=mask_i64, RETURN_LSE=return_lse, USE_TMA=use_tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

@@ -100,11 +100,13 @@ def _quant_v_fp8_kernel(V, SCALE, VT, sv_b, sv_h, sv_n, n_heads, n_tokens, n_pad
     scale = tl.load(SCALE + (b * n_heads + h) * D + offs_d)
     x = tl.div_rn(v, scale[None, :])
     x = tl.trans(tl.minimum(tl.maximum(x, -448.0), 448.0))  # [D, BLK]: rows of tokens, stored whole
-    out = VT + (b * n_heads + h) * V_TERMS * D * n_pad + offs_d[:, None].to(tl.int64) * n_pad + offs_n[None, :]
+    # V^T's row stride in int64: D rows (the lo term's offset) pass 2**31 from 2**24 tokens at D = 128
+    row = tl.cast(n_pad, tl.int64)
+    out = VT + (b * n_heads + h) * V_TERMS * D * row + offs_d[:, None] * row + offs_n[None, :]
     hi = _to_e4m3(x, PREROUND)
     tl.store(out, hi, mask=(offs_n < n_pad)[None, :])
     if V_TERMS == 2:
-        tl.store(out + D * n_pad, _to_e4m3(x - hi.to(tl.float32), PREROUND), mask=(offs_n < n_pad)[None, :])
+        tl.store(out + D * row, _to_e4m3(x - hi.to(tl.float32), PREROUND), mask=(offs_n < n_pad)[None, :])
 
 
 def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
@@ -139,11 +141,14 @@ def _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d,
                   ROW: tl.constexpr, USE_TMA: tl.constexpr):
     """[BLOCK_N, D] tile of V^T's term that starts ROW rows into the head's [hi D rows, lo D rows][N]
     memory (ROW = 0: hi, ROW = D: lo): tokens contiguous, the K-major B operand. The buffer is
-    zero-padded to whole blocks: no load mask."""
+    zero-padded to whole blocks: no load mask. ``stride_vd`` (tokens per row) is int64 and so are
+    the row offsets: D rows of V^T pass 2**31 elements from 2**24 keys at D = 128 (ptxas for sm_89
+    and sm_90: no more spills than int32 rows, which would need a second compiled variant)."""
     if USE_TMA:
         tile = tl.trans(VT_DESC.load([kv_d0 + ROW, start_n]))
     else:
-        tile = tl.load(VT_base + ROW * stride_vd + start64 + offs_n[:, None] + offs_d[None, :] * stride_vd)
+        tile = tl.load(VT_base + ROW * stride_vd + start64 + offs_n[:, None]
+                       + offs_d.to(tl.int64)[None, :] * stride_vd)
     return tile
 
 
@@ -175,7 +180,8 @@ def _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, stride_kn, st
     p = tl.exp2(qk * scale - (m_new - LOG2_P_SCALE)[:, None])  # 448 * exp2(s - m), <= 448
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, axis=1)  # 448 times the softmax denominator
-    vt = _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d, kv_d0, 0, USE_TMA)
+    vt = _load_vt_tile(VT_base, VT_DESC, stride_vd, start_n, start64, offs_n, offs_d, kv_d0, 0,
+                       USE_TMA)
     p8 = _to_e4m3(p, PREROUND)
     if TWO_LEVEL:
         pv = tl.dot(p8, vt)
@@ -220,7 +226,8 @@ def _attn_fp8_kernel(
                 + offs_d[None, :])
     q_scale = tl.load(QS + (b * n_heads + h) * n_q_scales + start_m // QBLK)
     K_base = K8 + b * sk_b + kvh * sk_h
-    VT_base = VT + (b * kv_heads + kvh) * V_TERMS * D * n_kpad
+    vt_row = tl.cast(n_kpad, tl.int64)  # V^T's row stride (see _load_vt_tile)
+    VT_base = VT + (b * kv_heads + kvh) * V_TERMS * D * vt_row
     KS_base = KS + (b * kv_heads + kvh) * n_k_scales
     # Descriptor coordinates: rows of K8 viewed as [B*Hkv*n_kpad, D], of V^T as
     # [B*Hkv*V_TERMS*D, n_kpad] (a head's hi rows at kv_d0, its lo rows at kv_d0 + D).
@@ -232,12 +239,12 @@ def _attn_fp8_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     mid, hi = _key_bounds(start_m, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     for start_n in range(0, mid, BLOCK_N):
-        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
+        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, vt_row,
                                   start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
                                   kv_d0, D, BLOCK_N, False, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA,
                                   V_TERMS)
     for start_n in range(mid, hi, BLOCK_N):
-        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, n_kpad,
+        acc, l_i, m_i = _fp8_step(acc, l_i, m_i, q, q_scale, K_base, VT_base, KS_base, sk_n, vt_row,
                                   start_n, n_keys, offs_m, offs_n, offs_d, K_DESC, VT_DESC, kv_row0,
                                   kv_d0, D, BLOCK_N, True, IS_CAUSAL, PREROUND, TWO_LEVEL, USE_TMA,
                                   V_TERMS)
@@ -269,7 +276,11 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     lse = (torch.empty((batch, n_heads, n_queries), dtype=torch.float32, device=q.device)
            if return_lse else q_scale)
-    if cfg.use_tma:
+    # Descriptor coordinates are int32 (TMA's): the kernel's row of K8 as [B*Hkv*n_kpad, Dp] and of
+    # V^T as [B*Hkv*V_TERMS*Dp, n_kpad] must stay below 2**31; beyond, pointer loads (int64 bases).
+    use_tma = (cfg.use_tma and k8.numel() // dp <= quant.INT32_MAX
+               and vt.numel() // vt.shape[3] <= quant.INT32_MAX)
+    if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k2, vt2 = k8.view(-1, dp), vt.view(-1, vt.shape[3])  # both fresh and contiguous
@@ -287,7 +298,7 @@ def run_attention_fp8(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bo
         vt.shape[3],
         HEAD_DIM=head_dim, D=dp, QBLK=quant.BLKQ, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=is_causal, RETURN_LSE=return_lse, PREROUND=quant.interpreting(), TWO_LEVEL=cfg.two_level,
-        USE_TMA=cfg.use_tma, V_TERMS=V_TERMS,
+        USE_TMA=use_tma, V_TERMS=V_TERMS,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if not return_lse:

@@ -36,6 +36,35 @@ _RNE_MAGIC = tl.constexpr(12582912.0)
 _I2F_BITS = tl.constexpr(0x4B400000)
 
 
+# Addresses in the kernels: a tile's start (batch, head, first token) enters as an int64 scalar;
+# offsets inside a tile stay int32 (cheaper registers and address math), so a tile of ``rows``
+# tokens must span at most INT32_MAX elements. Our own buffers always do (row stride <= heads * Dp
+# <= 65535 * 256, 127 of which is still below 2**31); a caller's view into a larger buffer may not.
+INT32_MAX = 2**31 - 1
+
+
+def tile_span(x: torch.Tensor, tile: dict[int, int]) -> int:
+    """Largest element offset inside a tile of ``x`` that spans ``tile[dim]`` indices along each
+    listed dim: ``sum((tile[dim] - 1) * stride(dim))``."""
+    return sum((extent - 1) * x.stride(dim) for dim, extent in tile.items())
+
+
+def tile_addressable(x: torch.Tensor, token_dim: int, rows: int) -> torch.Tensor:
+    """``x`` as the kernels read it: unit last stride, and tiles of ``rows`` tokens whose in-tile
+    offsets fit int32 (see INT32_MAX). A view that breaks either is copied contiguous (then the row
+    stride is heads * head_dim, which always fits)."""
+    tile = {token_dim: rows, -1: x.shape[-1]}
+    if x.stride(-1) == 1 and tile_span(x, tile) <= INT32_MAX:
+        return x
+    x = x.contiguous()
+    if tile_span(x, tile) > INT32_MAX:
+        raise ValueError(f"a tile of {rows} tokens of a tensor of shape {list(x.shape)} spans "
+                         f"{tile_span(x, tile)} elements even when contiguous; the Triton kernels "
+                         f"address at most {INT32_MAX} inside one tile (fewer heads or a smaller "
+                         "head dim)")
+    return x
+
+
 def interpreting() -> bool:
     """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1, the CPU tests)."""
     import os
@@ -141,7 +170,7 @@ def quantize_dense(x: torch.Tensor, *, block: int, pad_to: int, scale_mult: floa
     corr [B, H, N] fp32 or None)`` where ``Npad`` is ``N`` rounded up to ``pad_to`` (a multiple of
     ``block``) and ``Dp = padded_head_dim(D)``.
     """
-    x = _check_last_dim_contiguous(x)
+    x = tile_addressable(x, 2, block)
     b, h, n, d = x.shape
     dp = padded_head_dim(d)
     n_pad = triton.cdiv(n, pad_to) * pad_to
@@ -193,7 +222,7 @@ def quantize_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, 
     rounded up to ``pad_to`` tokens, and scales of blocks past a sequence's end are left unset
     (the attention kernel never reads them unmasked).
     """
-    x = _check_last_dim_contiguous(x)
+    x = tile_addressable(x, 0, block)
     total, h, d = x.shape
     batch = cu_seqlens.numel() - 1
     dp = padded_head_dim(d)
@@ -215,8 +244,10 @@ def quantize_varlen(x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, 
 def _segment_mean_kernel(X, X_CU, MEAN, sx_n, sx_h, heads,
                          HEAD_DIM: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
     """MEAN[b, h, :] = fp32 mean of X[cu[b]:cu[b+1], h, :] (zeros for an empty sequence)."""
-    h = tl.program_id(0)
-    b = tl.program_id(1)
+    # int64: h * sx_h passes 2**31 for a view of [heads, tokens, D] memory (sx_h = tokens * D), and
+    # (b * heads + h) * HEAD_DIM for as many (sequence, head) pairs; the token loop stays int32.
+    h = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1).to(tl.int64)
     start = tl.load(X_CU + b)
     end = tl.load(X_CU + b + 1)
     offs_d = tl.arange(0, D)

@@ -48,7 +48,7 @@ def _varlen_fwd_kernel(
     V_base = V + k_start * sv_n + kvh * sv_h
     KS_base = KS + (b * (n_heads // group) + kvh) * n_k_scales
     acc, l_i, m_i = _attn_rows(q, q_scale, K_base, V_base, KS_base, sk_n, sv_n, start_m, k_len,
-                               offs_m, offs_ml, offs_n, offs_d, K_base, V_base, 0, 0, HEAD_DIM, D,
+                               offs_m, offs_n, offs_d, K_base, V_base, 0, 0, HEAD_DIM, D,
                                KBLK, BLOCK_M, BLOCK_N, IS_CAUSAL, False)
     # A sequence with queries but no keys gives zeros rather than 0/0.
     out = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
@@ -77,7 +77,7 @@ def run_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
     q8, q_scale = quant.quantize_varlen(q, cu_seqlens_q, max_seqlen_q, block=quant.BLKQ,
                                         pad_to=quant.BLKQ, scale_mult=sm_scale * LOG2E)
     # P.V runs in V's own 16-bit type (fp32 accumulation): a bfloat16 V keeps its range.
-    v16 = v if v.stride(-1) == 1 else v.contiguous()
+    v16 = quant.tile_addressable(v, 0, cfg.block_n)
     out = torch.empty((total_q, n_heads, head_dim), dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(max(max_seqlen_q, 1), cfg.block_m), n_heads, batch)
     _varlen_fwd_kernel[grid](

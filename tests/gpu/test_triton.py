@@ -241,3 +241,56 @@ def test_public_api_runs_these_kernels_with_a_mask_and_varlen():
     for a, b in ((0, 300), (300, 1000)):
         qi, ki, vi = (t[a:b].transpose(0, 1)[None] for t in (qp, kp, vp))
         _assert_bars(out[a:b].transpose(0, 1)[None], _sdpa32(qi, ki, vi, is_causal=True), f"varlen {a}:{b}")
+
+
+def _skip_unless_free(gib: int) -> None:
+    free, _ = torch.cuda.mem_get_info()
+    if free < gib * 2**30:
+        pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+
+def test_mask_rows_past_2_31_elements():
+    """A [256, 17.8M] bool mask: row 121 on of a 128-query tile lies past 2**31 elements from the
+    tile's first row (int32 in-tile offsets wrapped there before 2026-12; such masks now take the
+    kernel's int64 variant). Only the last 512 keys are kept (and nonzero), so every other K block
+    is skipped and the output equals the kernel's on those 512 keys and their mask alone."""
+    st = _triton()
+    _skip_unless_free(20)
+    n, hot, d = 2**24 + 2**20, 512, 64
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q, k_hot, v_hot = _qkv(1, 1, 1, 256, hot, d, torch.float16, seed=12)
+    keep_hot = torch.rand(1, 1, 256, hot, device="cuda", generator=g) < 0.5
+    keep_hot[..., 0] = True
+    want, _ = st.attention(q, k_hot, v_hot, attn_mask=keep_hot, smooth_k=False)
+    k = torch.zeros(1, 1, n, d, dtype=torch.float16, device="cuda")
+    v = torch.zeros_like(k)
+    k[:, :, -hot:], v[:, :, -hot:] = k_hot, v_hot
+    keep = torch.zeros(1, 1, 256, n, dtype=torch.bool, device="cuda")
+    keep[..., -hot:] = keep_hot
+    got, _ = st.attention(q, k, v, attn_mask=keep, smooth_k=False)
+    del k, v, keep
+    torch.cuda.empty_cache()
+    diff = (got.float() - want.float()).abs().max().item()
+    assert torch.allclose(got, want, rtol=1e-3, atol=1e-4), f"max |diff| = {diff}"
+
+
+def test_varlen_heads_past_2_31_elements():
+    """Packed k, v as [tokens, heads, D] views of [heads, tokens, D] memory, 6M tokens at D = 128:
+    heads 2 and 3 start past 2**31 elements (K smoothing's per-sequence mean computed head *
+    stride in int32 before 2026-12). The same call on contiguous copies is the reference."""
+    st = _triton()
+    _skip_unless_free(36)
+    total, heads, d = 6 * 2**20, 4, 128
+    g = torch.Generator(device="cuda").manual_seed(13)
+    k = (torch.randn(heads, total, d, device="cuda", generator=g, dtype=torch.float16) + 0.3
+         ).transpose(0, 1)
+    v = torch.randn(heads, total, d, device="cuda", generator=g, dtype=torch.float16).transpose(0, 1)
+    assert 3 * k.stride(1) > 2**31  # the premise
+    q = torch.randn(512, 8, d, device="cuda", generator=g, dtype=torch.float16)
+    cu_q = torch.tensor([0, 200, 512], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 2 * 2**20, total], dtype=torch.int32, device="cuda")
+    got = st.varlen_attention(q, k, v, cu_q, cu_k, 312, total - 2 * 2**20)
+    want = st.varlen_attention(q, k.contiguous(), v.contiguous(), cu_q, cu_k, 312,
+                               total - 2 * 2**20)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want), f"max |diff| = {(got.float() - want.float()).abs().max().item()}"

@@ -83,3 +83,44 @@ def test_large_magnitudes_stay_finite():
     q, k, v = _qkv(1, 2, 2, 2048, 2048, 128, torch.float16, seed=9)
     out, _ = st.attention(q * 60, k * 60, v * 1000, pv_dtype="fp8")
     assert torch.isfinite(out).all()
+
+
+def _skip_unless_free(gib: int) -> None:
+    free, _ = torch.cuda.mem_get_info()
+    if free < gib * 2**30:
+        pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_v_t_rows_past_2_31_elements(use_tma):
+    """One head of 2**25 + 1024 keys at head dim 128: V^T (2 x 128 rows of that many keys) holds
+    2**33 elements, so its hi rows from 64 on and all its lo rows lie past 2**31 (int32 offsets
+    wrapped there before 2026-12: the pointer-load path, sm89's). Only the last 1024 keys are
+    nonzero and score ~45 nats above the zero keys, which add nothing to P@V (e4m3 P underflows to
+    0) and ~1e-15 to the denominator; so the output equals the same kernel's on those 1024 keys
+    alone (same 128-key K blocks, same V scales, no K smoothing). About 30 GiB, a few seconds."""
+    _triton()
+    from sageattention.triton import attn, attn_fp8, quant
+
+    if use_tma and not attn.tma_available(torch.device("cuda")):
+        pytest.skip("tensor-descriptor loads need compute capability 9.0+ and Triton 3.4+")
+    _skip_unless_free(40)
+    n, hot, d = 2**25 + 1024, 1024, 128
+    cfg = attn_fp8.Fp8Config(128, 128, 8, 3, use_tma=use_tma)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = (1 + 0.1 * torch.randn(1, 1, 256, d, device="cuda", generator=g)).half()
+    k_hot = (4 + 2 * torch.randn(1, 1, hot, d, device="cuda", generator=g)).half()
+    v_hot = torch.randn(1, 1, hot, d, device="cuda", generator=g).half()
+    want, _ = attn_fp8.run_attention_fp8(q, k_hot, v_hot, is_causal=False, sm_scale=d ** -0.5,
+                                         smooth_k=False, return_lse=False, config=cfg)
+    k = torch.zeros(1, 1, n, d, dtype=torch.float16, device="cuda")
+    v = torch.zeros_like(k)
+    k[:, :, -hot:], v[:, :, -hot:] = k_hot, v_hot
+    assert attn_fp8.V_TERMS * 128 * n > 2 * quant.INT32_MAX  # the premise: V^T rows past 2**31
+    got, _ = attn_fp8.run_attention_fp8(q, k, v, is_causal=False, sm_scale=d ** -0.5,
+                                        smooth_k=False, return_lse=False, config=cfg)
+    del k, v
+    torch.cuda.empty_cache()
+    assert torch.isfinite(got).all()
+    diff = (got.float() - want.float()).abs().max().item()
+    assert torch.allclose(got, want, rtol=1e-3, atol=1e-4), f"max |diff| = {diff}"
