@@ -106,13 +106,20 @@ def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
     return torch.cat(pieces, dim=-1)
 
 
+# Scales smaller in magnitude than float32's smallest normal number run as scale 0: the kernels
+# and torch's SDPA take the scale as a float32, where 1e-300 is 0 (and torch's CPU SDPA with
+# is_causal returned NaN for it, as for 0); times such a scale a score moves its weight by under
+# 1e-8 unless |q.k| > 1e30, so equal weights are the same attention in float32.
+_TINY_SCALE = torch.finfo(torch.float32).tiny
+
+
 def _positive_scale(q, scale: float):
     """(q, scale) with the same attention and a positive scale, which the quantized kernels take:
-    a negative scale is -q with |scale|; a zero one (every score 0, equal weights) a zero q with 1.
-    The LSE is unchanged too."""
-    if scale > 0:
+    a negative scale is -q with |scale|; a zero (or tiny, _TINY_SCALE) one, every score 0 and
+    equal weights, a zero q with 1. The LSE is unchanged too."""
+    if scale >= _TINY_SCALE:
         return q, scale
-    if scale == 0:
+    if scale > -_TINY_SCALE:
         return q * 0.0, 1.0   # not zeros_like: SDPA's autograd still reaches q (a zero gradient)
     return torch.neg(q), -scale
 
@@ -131,6 +138,11 @@ def _sdpa_kv(k, v, q_heads: int, kv_heads: int):
 
 
 def _run_sdpa(call: AttnCall, q, k, v):
+    with _autocast_off(q.device.type):
+        return _run_sdpa_as_given(call, q, k, v)
+
+
+def _run_sdpa_as_given(call: AttnCall, q, k, v):
     p = call.problem
     qh, kh, vh = (q, k, v) if p.tensor_layout == "HND" else (_to_hnd(t, p.tensor_layout) for t in (q, k, v))
     mask = call.attn_mask
@@ -149,7 +161,7 @@ def _run_sdpa(call: AttnCall, q, k, v):
     qh, scale = _positive_scale(qh, call.sm_scale)
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
                       scale=scale, enable_gqa=gqa)
-    if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask, or torch.autocast's dtype
+    if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask
         out = out.to(p.dtype)
     if mask is not None:
         # A query whose every key is masked gets 0, as from the Triton kernels and torch's CPU SDPA;
@@ -176,8 +188,11 @@ def _run(call: AttnCall, choice: BackendChoice, q, k, v):
 
 
 def _autocast_off(device_type: str):
-    """torch.autocast of this device type off, where it is on: the quantized backends compute in q's
-    dtype and fp32 as written. Under an enabled autocast the ATen calls inside a custom op are cast
+    """torch.autocast of this device type off, where it is on: every backend, the SDPA fallback
+    included, computes in q's dtype (and fp32) as written. sageattn is not on autocast's lists, so
+    its inputs arrive as given; the fallback's SDPA ran in the autocast dtype eagerly (bfloat16 for
+    float32 inputs under CPU autocast) but in q's dtype under torch.compile, whose compiled graph
+    runs the custom op with autocast off. Under an enabled autocast the ATen calls inside a custom op are cast
     down too (the dispatcher passes the op through autocast without excluding it there), so the
     native ops' K-smoothing LSE term (glue::add_smoothing_lse, an fp32 at::matmul) would come out
     in bfloat16: shown on the CPU with a Python-registered op; the CUDA ops not yet measured."""
@@ -344,14 +359,10 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     """INT8 QK / FP16 PV attention on the Triton kernels (which take masks); SDPA where the input
     needs it (CPU, fp32, grad, dropout). `quantization_backend` is accepted for compatibility: the
     Triton backend always quantizes with its own kernels."""
+    _check_triton_attn_mask(attn_mask)   # here, not in parse(): while tracing too
+
     def parse():
         check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
-        if isinstance(attn_mask, numbers.Real) and not isinstance(attn_mask, bool):
-            # A number here is most likely a scale passed by position for upstream's signature,
-            # which has no attn_mask: there the 7th positional parameter is sm_scale.
-            raise TypeError(f"attn_mask (7th positional parameter here; upstream SageAttention's 7th is "
-                            f"sm_scale) must be a torch.Tensor or None, got {type(attn_mask).__name__} "
-                            f"{attn_mask!r}; for a softmax scale pass sm_scale={attn_mask!r} by keyword")
         options = split_kwargs("sageattn_qk_int8_pv_fp16_triton", kwargs, _SDPA_KEYWORDS)
         options.update(attn_mask=attn_mask, smooth_k=smooth_k)
         return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal,
@@ -364,6 +375,26 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
                   is_causal=is_causal, attn_mask=attn_mask, sm_scale=sm_scale, smooth_k=smooth_k,
                   return_lse=return_lse)
     return _traceable("sageattn_qk_int8_pv_fp16_triton", q, k, v, params, kwargs, eager, parse=parse)
+
+
+def _check_triton_attn_mask(attn_mask) -> None:
+    """A number, or a 0-d tensor that is not bool, as the Triton function's attn_mask is most likely a
+    scale passed by position for upstream's signature, which has no attn_mask: its 7th positional
+    parameter is sm_scale. As a mask a 0-d float adds one constant to every score, which changes
+    no output: it was taken so, silently."""
+    if isinstance(attn_mask, torch.Tensor):
+        if attn_mask.dim() != 0 or attn_mask.dtype == torch.bool:
+            return
+        shown = f"a 0-d {attn_mask.dtype} tensor"
+        hint = "sm_scale=<that tensor>"
+    elif isinstance(attn_mask, numbers.Real) and not isinstance(attn_mask, bool):
+        shown = f"{type(attn_mask).__name__} {attn_mask!r}"
+        hint = f"sm_scale={attn_mask!r}"
+    else:
+        return
+    raise TypeError(f"attn_mask (7th positional parameter here; upstream SageAttention's 7th is sm_scale) "
+                    f"must be a bool or additive mask tensor of at least one dim, or None, got {shown}; "
+                    f"for a softmax scale pass {hint} by keyword")
 
 
 def _tracing(q) -> bool:
@@ -513,6 +544,14 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     # the kernel's and dense sageattn's are: under torch.autocast SDPA returns the autocast dtype,
     # and a torch.cat of the pieces raised "Unexpected floating ScalarType" there (fp16 with bf16).
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)   # contiguous, as the kernel's
+    with _autocast_off(q.device.type):
+        _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale)
+    record_backend(SDPA)
+    return _tied(out, q, k, v)   # every sequence without keys: still recorded
+
+
+def _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale) -> None:
+    """SDPA per sequence into `out` (q's shape and dtype), sequences without queries or keys left."""
     for (q0, q1), (k0, k1) in zip(zip(problem.q_offsets, problem.q_offsets[1:]),
                                   zip(problem.k_offsets, problem.k_offsets[1:])):
         if q1 == q0 or k1 == k0:
@@ -521,6 +560,4 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         ks, vs, gqa = _sdpa_kv(ks, vs, problem.q_heads, problem.kv_heads)
         o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa)
         out[q0:q1] = o[0].transpose(0, 1)
-    record_backend(SDPA)
-    return _tied(out, q, k, v)   # every sequence without keys: still recorded
 

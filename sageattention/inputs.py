@@ -193,16 +193,42 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     return attn_mask
 
 
-def _tensor_number(name: str, value, accepted: str):
-    """value, or the value of a 0-d real tensor without grad, which torch's SDPA takes for its float
-    arguments (a model may keep its scale or dropout in a buffer)."""
-    if not isinstance(value, torch.Tensor):
+def numpy_number(value):
+    """A numpy scalar (np.float32(0.1), np.int64(2), np.bool_) or 0-d array as the Python float, int
+    or bool it holds; anything else unchanged. torch.compile sees a numpy scalar as a 0-d ndarray,
+    which is no numbers.Real and has no dtype to ask, so it is read through torch.as_tensor: the
+    same number traced as run eagerly (where numpy's floats and ints are numbers.Real already)."""
+    if type(value).__module__ != "numpy" or isinstance(value, numbers.Number) \
+            or getattr(value, "ndim", None) != 0:
         return value
+    kind = torch.as_tensor(value).dtype
+    if kind == torch.bool:
+        return bool(value)
+    if kind.is_complex:
+        return value
+    return float(value) if kind.is_floating_point else int(value)
+
+
+def check_number_tensor(name: str, value: torch.Tensor, accepted: str = "a real number, None") -> torch.Tensor:
+    """A tensor given for a number: 0-d, real, without grad (its value is read where it is used)."""
     if value.dim() != 0 or value.requires_grad or value.dtype == torch.bool or value.dtype.is_complex:
         grad = ", requiring grad" if value.requires_grad else ""
         raise TypeError(f"{name} must be {accepted} or a 0-d real tensor without grad, got a tensor of "
                         f"shape {tuple(value.shape)} ({value.dtype}{grad})")
-    return value.item()
+    return value
+
+
+def _tensor_number(name: str, value, accepted: str):
+    """value, or the value of a 0-d real tensor without grad, which torch's SDPA takes for its float
+    arguments (a model may keep its scale or dropout in a buffer), or of a numpy scalar."""
+    if not isinstance(value, torch.Tensor):
+        return numpy_number(value)
+    return check_number_tensor(name, value, accepted).item()
+
+
+# The smallest int whose float() overflows (it rounds up to 2**1024): compared before converting,
+# because under torch.compile float() of a larger int raised dynamo's internal OverflowError.
+FLOAT_OVERFLOW_INT = 2 ** 1024 - 2 ** 970
 
 
 def check_scale(name: str, value) -> float | None:
@@ -212,6 +238,8 @@ def check_scale(name: str, value) -> float | None:
         raise TypeError(f"{name} must be a real number or None, got {_type_name(value)}")
     if value is None:
         return None
+    if isinstance(value, int) and not -FLOAT_OVERFLOW_INT < value < FLOAT_OVERFLOW_INT:
+        raise ValueError(f"{name} must be finite, got a number too large for a float")
     try:
         number = float(value)
     except OverflowError:   # an int (or Fraction) past float's range

@@ -62,9 +62,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         dispatch.refuse_quantized_forced(
             forced, f"scaled_dot_product_attention sends {why_torch} to torch's SDPA unchanged")
         # checked as sageattn checks it (torch returned NaN for a NaN or infinite scale); torch
-        # also returned NaN for zero or negative ones, so those get the same attention instead
+        # also returned NaN for zero (or tiny) or negative ones, so those get the same attention instead
         scale = check_scale("scale", scale)
-        if scale is not None and scale <= 0:
+        if scale is not None:
             query, scale = core._positive_scale(query, scale)
         out = core._torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -24,17 +24,19 @@ from typing import Optional
 
 import torch
 
-from .inputs import SAGEATTN_KEYWORDS, given_scale, parse_call
+from .inputs import FLOAT_OVERFLOW_INT, SAGEATTN_KEYWORDS, check_number_tensor, given_scale, numpy_number, parse_call
 
 
 @torch.library.custom_op("sageattention::sageattn", mutates_args=())
 def sageattn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
                 tensor_layout: str, is_causal: bool, sm_scale: Optional[float], return_lse: bool,
                 dropout_p: float, enable_gqa: Optional[bool], qk_quant_gran: Optional[str],
-                pv_accum_dtype: Optional[str], smooth_k: bool,
-                smooth_v: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                pv_accum_dtype: Optional[str], smooth_k: bool, smooth_v: bool,
+                scale_tensor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from .core import sageattn
 
+    if scale_tensor is not None:   # a scale that is data (_data_scale): its value checked here
+        sm_scale = scale_tensor
     result = sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                       return_lse=return_lse, **_options(attn_mask, dropout_p, enable_gqa,
                                                         qk_quant_gran, pv_accum_dtype, smooth_k,
@@ -48,7 +50,9 @@ def sageattn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Op
 
 @sageattn_op.register_fake
 def _sageattn_fake(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, return_lse, dropout_p,
-                   enable_gqa, qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v):
+                   enable_gqa, qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v, scale_tensor):
+    if scale_tensor is not None:
+        check_number_tensor("sm_scale", scale_tensor)
     call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                       return_lse=return_lse,
                       options=_options(attn_mask, dropout_p, enable_gqa, qk_quant_gran,
@@ -66,7 +70,25 @@ def _options(attn_mask, dropout_p, enable_gqa, qk_quant_gran, pv_accum_dtype, sm
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A Python int or float that float() takes (of a larger int it raised dynamo's internal
+    OverflowError: such a call takes the eager path, which names the problem)."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return -FLOAT_OVERFLOW_INT < x < FLOAT_OVERFLOW_INT
+    return isinstance(x, float)
+
+
+def _data_scale(value) -> torch.Tensor | None:
+    """A scale whose value is data to torch.compile, as a 0-d tensor, else None: a tensor (SDPA
+    takes a 0-d one), or a numpy float, which dynamo traces as a 0-d array (float() of it is a
+    value the trace cannot check). It reaches the op as a tensor and its value is checked when the
+    graph runs, as eager code checks it; its shape, dtype and grad while tracing."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        tensor = torch.as_tensor(value)
+        if tensor.dtype.is_floating_point:
+            return tensor
+    return None
 
 
 def needs_grad(q, k, v, mask=None) -> bool:
@@ -108,11 +130,20 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
     the call (see the module docstring)."""
     if any(name not in SAGEATTN_KEYWORDS for name in kwargs):
         return eager()  # it warns about the unknown keyword
-    opts = dict(SAGEATTN_KEYWORDS)
-    opts.update(kwargs)
+    opts = {**SAGEATTN_KEYWORDS, **kwargs}
+    scale_tensor = _data_scale(sm_scale) if opts["scale"] is None else \
+        _data_scale(opts["scale"]) if sm_scale is None else None
+    if scale_tensor is not None:
+        check_number_tensor("sm_scale" if sm_scale is not None else "scale", scale_tensor)
+        sm_scale = opts["scale"] = None
+    # numpy scalars as the Python numbers eager code reads them as (dynamo sees a 0-d ndarray)
+    opts = {name: numpy_number(value) for name, value in opts.items()}
+    is_causal, sm_scale, return_lse = (numpy_number(x) for x in (is_causal, sm_scale, return_lse))
     if not _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts):
         return eager()
     if needs_grad(q, k, v, opts["attn_mask"]):
+        if scale_tensor is not None:
+            return eager()   # the SDPA path branches on the scale's value (a graph break)
         call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                           return_lse=return_lse, options=opts)
         return grad_sdpa(call, q, k, v)
@@ -120,7 +151,7 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
     out, lse = sageattn_op(q, k, v, opts["attn_mask"], tensor_layout, is_causal,
                            given_scale(sm_scale, opts["scale"]), return_lse, float(opts["dropout_p"]),
                            opts["enable_gqa"], opts["qk_quant_gran"], opts["pv_accum_dtype"],
-                           opts["smooth_k"], opts["smooth_v"])
+                           opts["smooth_k"], opts["smooth_v"], scale_tensor)
     return (out, lse) if return_lse else out
 
 
@@ -150,13 +181,15 @@ def call_op(function: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             pv_accum_dtype: Optional[str], smooth_k: Optional[bool], smooth_v: Optional[bool],
             return_lse: Optional[bool], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
             dropout_p: Optional[float], enable_gqa: Optional[bool],
-            scale: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+            scale: Optional[float], scale_tensor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     from . import core
 
     slots = dict(zip(_SLOTS, (tensor_layout, quantization_backend, is_causal, qk_quant_gran, sm_scale,
                               pv_accum_dtype, smooth_k, smooth_v, return_lse, max_seqlen_q,
                               max_seqlen_k, dropout_p, enable_gqa, scale)))
-    kwargs = {name: slots[name] for name in names.split(",") if name}
+    # "@name": that scale parameter was data (_data_scale), carried in scale_tensor
+    kwargs = {name.lstrip("@"): scale_tensor if name.startswith("@") else slots[name]
+              for name in names.split(",") if name}
     if attn_mask is not None:
         kwargs["attn_mask"] = attn_mask
     fn = getattr(core, function)
@@ -173,7 +206,9 @@ def call_op(function: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 @call_op.register_fake
 def _call_fake(function, q, k, v, attn_mask, cu_seqlens_q, cu_seqlens_k, names, tensor_layout,
                quantization_backend, is_causal, qk_quant_gran, sm_scale, pv_accum_dtype, smooth_k,
-               smooth_v, return_lse, max_seqlen_q, max_seqlen_k, dropout_p, enable_gqa, scale):
+               smooth_v, return_lse, max_seqlen_q, max_seqlen_k, dropout_p, enable_gqa, scale, scale_tensor):
+    if scale_tensor is not None:
+        check_number_tensor(next(n for n in names.split(",") if n.startswith("@"))[1:], scale_tensor)
     out = q.new_empty(q.shape)
     if function == "sageattn_varlen":  # its offsets are data: checked when the graph runs
         return out, q.new_empty((0,), dtype=torch.float32)
@@ -217,6 +252,12 @@ def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(
     the call (an unknown keyword, a value of a type its slot does not take, or grad without
     `parse`, the function's own validation, which gives the call `grad_sdpa` runs)."""
     params = {**params, **kwargs}
+    scale_tensor = None
+    data = [name for name in ("sm_scale", "scale") if _data_scale(params.get(name)) is not None]
+    if len(data) == 1 and params.get("scale" if data[0] == "sm_scale" else "sm_scale") is None:
+        scale_tensor = check_number_tensor(data[0], _data_scale(params.pop(data[0])))
+    # numpy scalars as the Python numbers eager code reads them as (dynamo sees a 0-d ndarray)
+    params = {name: numpy_number(value) for name, value in params.items()}
     mask = params.pop("attn_mask", None)
     tensors = (q, k, v, *(t for t in cu_seqlens if t is not None))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
@@ -226,9 +267,11 @@ def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(
     if any(name not in _SLOT_TYPES or not _fits(value, _SLOT_TYPES[name]) for name, value in params.items()):
         return eager()
     if needs_grad(q, k, v, mask):
-        return eager() if parse is None else grad_sdpa(parse(), q, k, v)
+        # with a scale that is data, the SDPA path branches on its value (a graph break)
+        return eager() if parse is None or scale_tensor is not None else grad_sdpa(parse(), q, k, v)
     slots = [params.get(name) for name in _SLOTS]
     slots = [float(x) if _SLOT_TYPES[n] is float and x is not None else x for n, x in zip(_SLOTS, slots)]
-    out, lse = call_op(function, q, k, v, mask, cu_seqlens[0], cu_seqlens[1], ",".join(params),
-                       *slots)
+    names = [*params, *(f"@{name}" for name in data if scale_tensor is not None)]
+    out, lse = call_op(function, q, k, v, mask, cu_seqlens[0], cu_seqlens[1], ",".join(names),
+                       *slots, scale_tensor)
     return (out, lse) if params.get("return_lse") else out

@@ -159,7 +159,10 @@ def test_bad_grad_input_still_names_the_problem_under_fullgraph():
 
 def test_the_op_passes_opcheck():
     q, k, v = qkv()
-    args = (q, k, v, None, "HND", False, None, True, 0.0, None, None, None, True, False)
+    args = (q, k, v, None, "HND", False, None, True, 0.0, None, None, None, True, False, None)
+    torch.library.opcheck(traced.sageattn_op, args)
+    # a scale that is data (a 0-d tensor or a numpy float) rides in the tensor slot
+    args = (q, k, v, None, "HND", False, None, True, 0.0, None, None, None, True, False, torch.tensor(0.2))
     torch.library.opcheck(traced.sageattn_op, args)
 
 
@@ -267,7 +270,10 @@ def test_the_generic_op_passes_opcheck():
     slots = ["HND", None, True, "per_thread", None, "fp32", True, False, True, None, None, None,
              None, None]
     torch.library.opcheck(traced.call_op, ("sageattn_qk_int8_pv_fp16_cuda", q, k, v, None, None, None,
-                                           names, *slots))
+                                           names, *slots, None))
+    slots[4] = None   # sm_scale as data: "@sm_scale" takes the tensor slot
+    torch.library.opcheck(traced.call_op, ("sageattn_qk_int8_pv_fp16_cuda", q, k, v, None, None, None,
+                                           names.replace("sm_scale", "@sm_scale"), *slots, torch.tensor(0.2)))
 
 
 @pytest.mark.parametrize("name", ["sageattn", "drop-in", "sageattn_qk_int8_pv_fp16_triton",
