@@ -21,3 +21,29 @@ def attn_metrics():
         return cos, rel_l1
 
     return metrics
+
+
+@pytest.fixture
+def gpu_memory():
+    """Call with GiB: the test runs alone among the big-memory tests of this machine's pytest
+    workers (a file lock held to its end: two of them at once would run an 80 GB card out of
+    memory under pytest-xdist) and is skipped where the GPU has less free memory than that."""
+    import fcntl
+    import tempfile
+    from pathlib import Path
+
+    held = []
+
+    def need(gib: int) -> None:
+        lock = open(Path(tempfile.gettempdir()) / "sageattention-gpu-memory.lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held.append(lock)
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        if free < gib * 2**30:
+            pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
+
+    yield need
+    torch.cuda.empty_cache()
+    for lock in held:
+        lock.close()   # releases the lock

@@ -243,19 +243,13 @@ def test_public_api_runs_these_kernels_with_a_mask_and_varlen():
         _assert_bars(out[a:b].transpose(0, 1)[None], _sdpa32(qi, ki, vi, is_causal=True), f"varlen {a}:{b}")
 
 
-def _skip_unless_free(gib: int) -> None:
-    free, _ = torch.cuda.mem_get_info()
-    if free < gib * 2**30:
-        pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
-
-
-def test_mask_rows_past_2_31_elements():
+def test_mask_rows_past_2_31_elements(gpu_memory):
     """A [256, 17.8M] bool mask: row 121 on of a 128-query tile lies past 2**31 elements from the
     tile's first row (int32 in-tile offsets wrapped there before 2026-12; such masks now take the
     kernel's int64 variant). Only the last 512 keys are kept (and nonzero), so every other K block
     is skipped and the output equals the kernel's on those 512 keys and their mask alone."""
     st = _triton()
-    _skip_unless_free(20)
+    gpu_memory(20)
     n, hot, d = 2**24 + 2**20, 512, 64
     g = torch.Generator(device="cuda").manual_seed(12)
     q, k_hot, v_hot = _qkv(1, 1, 1, 256, hot, d, torch.float16, seed=12)
@@ -274,12 +268,12 @@ def test_mask_rows_past_2_31_elements():
     assert torch.allclose(got, want, rtol=1e-3, atol=1e-4), f"max |diff| = {diff}"
 
 
-def test_varlen_heads_past_2_31_elements():
+def test_varlen_heads_past_2_31_elements(gpu_memory):
     """Packed k, v as [tokens, heads, D] views of [heads, tokens, D] memory, 6M tokens at D = 128:
     heads 2 and 3 start past 2**31 elements (K smoothing's per-sequence mean computed head *
     stride in int32 before 2026-12). The same call on contiguous copies is the reference."""
     st = _triton()
-    _skip_unless_free(36)
+    gpu_memory(36)
     total, heads, d = 6 * 2**20, 4, 128
     g = torch.Generator(device="cuda").manual_seed(13)
     k = (torch.randn(heads, total, d, device="cuda", generator=g, dtype=torch.float16) + 0.3

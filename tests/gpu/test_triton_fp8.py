@@ -85,14 +85,8 @@ def test_large_magnitudes_stay_finite():
     assert torch.isfinite(out).all()
 
 
-def _skip_unless_free(gib: int) -> None:
-    free, _ = torch.cuda.mem_get_info()
-    if free < gib * 2**30:
-        pytest.skip(f"needs {gib} GiB of free GPU memory, {free / 2**30:.1f} GiB free")
-
-
 @pytest.mark.parametrize("use_tma", [False, True])
-def test_v_t_rows_past_2_31_elements(use_tma):
+def test_v_t_rows_past_2_31_elements(use_tma, gpu_memory):
     """One head of 2**25 + 1024 keys at head dim 128: V^T (2 x 128 rows of that many keys) holds
     2**33 elements, so its hi rows from 64 on and all its lo rows lie past 2**31 (int32 offsets
     wrapped there before 2026-12: the pointer-load path, sm89's). Only the last 1024 keys are
@@ -104,7 +98,7 @@ def test_v_t_rows_past_2_31_elements(use_tma):
 
     if use_tma and not attn.tma_available(torch.device("cuda")):
         pytest.skip("tensor-descriptor loads need compute capability 9.0+ and Triton 3.4+")
-    _skip_unless_free(40)
+    gpu_memory(40)
     n, hot, d = 2**25 + 1024, 1024, 128
     cfg = attn_fp8.Fp8Config(128, 128, 8, 3, use_tma=use_tma)
     g = torch.Generator(device="cuda").manual_seed(11)
