@@ -72,9 +72,15 @@ def _to_hnd(t: torch.Tensor, layout: str) -> torch.Tensor:
 LSE_SCORE_BUDGET = 1 << 28
 
 
+# Device types with an autocast in every torch we support. For these torch.amp.is_autocast_available
+# is not asked: torch 2.11's dynamo refuses to trace it (fullgraph calls with grad failed on the GPU).
+_AUTOCAST_DEVICE_TYPES = ("cuda", "cpu")
+
+
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype an enabled torch.autocast of this device type casts to, else None."""
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+    available = device_type in _AUTOCAST_DEVICE_TYPES or torch.amp.is_autocast_available(device_type)
+    if available and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
 

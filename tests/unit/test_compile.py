@@ -105,6 +105,20 @@ def test_grad_inputs_trace_with_fullgraph_and_match_eager_gradients(layout):
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
+def test_grad_path_traces_where_dynamo_cannot_trace_is_autocast_available(monkeypatch):
+    """torch 2.11's dynamo refuses torch.amp.is_autocast_available ("marked as skipped"), which
+    failed fullgraph grad calls on the GPU runner; 2.14's traces it. Made untraceable here (as
+    2.11 has it), the grad path must still trace: it asks autocast's state only in ways both do."""
+    monkeypatch.setattr(torch.amp, "is_autocast_available", torch._dynamo.disable(torch.amp.is_autocast_available))
+    inputs = qkv(requires_grad=True)
+    fn = lambda q, k, v: sa.sageattn(q, k, v, is_causal=True)  # noqa: E731
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    torch.testing.assert_close(out, fn(*inputs))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*inputs)
+    assert out.dtype == torch.float32   # the fallback computes in q's dtype, as eagerly
+
+
 def test_a_mask_that_requires_grad_gets_its_gradient_under_fullgraph():
     q, k, v = qkv()
     bias = torch.zeros(1, 1, q.shape[2], k.shape[2], requires_grad=True)
