@@ -43,6 +43,7 @@ class Backend:
     takes_dropout: bool = False
     takes_grad: bool = False
     max_batch_and_heads: int | None = MAX_GRID_YZ  # None: no limit (SDPA)
+    max_tokens: int | None = None          # per sequence, q's and k's; None: none declared
 
     def serves(self, capability: tuple[int, int] | None) -> bool:
         """Whether this backend runs on a device of this capability (None: CPU)."""
@@ -79,14 +80,14 @@ _NATIVE = (("cuda-sm90-fp16", "sm90", "qk_int8_pv_fp16"),
            ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
 
 
-def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range]]:
-    """(lowest capability, head dims) of the Triton kernels, per PV dtype."""
+def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range, int | None]]:
+    """(lowest capability, head dims, tokens per sequence) of the Triton kernels, per PV dtype."""
     try:
         from sageattention import triton as tb
-        return {"fp16": (tuple(tb.MIN_CAPABILITY), range(1, int(tb.MAX_HEAD_DIM) + 1)),
-                "fp8": (tuple(tb.MIN_CAPABILITY_FP8), range(1, int(tb.MAX_HEAD_DIM_FP8) + 1))}
+        return {"fp16": (tuple(tb.MIN_CAPABILITY), range(1, int(tb.MAX_HEAD_DIM) + 1), int(tb.MAX_TOKENS)),
+                "fp8": (tuple(tb.MIN_CAPABILITY_FP8), range(1, int(tb.MAX_HEAD_DIM_FP8) + 1), int(tb.MAX_TOKENS))}
     except Exception:  # package absent or broken: the records stay, availability says why
-        return {"fp16": ((8, 0), frozenset({64, 128})), "fp8": ((8, 9), frozenset({64, 128}))}
+        return {"fp16": ((8, 0), frozenset({64, 128}), None), "fp8": ((8, 9), frozenset({64, 128}), None)}
 
 
 @functools.cache
@@ -113,6 +114,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
         min_capability=limits["fp16"][0], dtypes=_HALF, head_dims=limits["fp16"][1],
+        max_tokens=limits["fp16"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32",
         # smooth_v: with fp32 accumulation taking V's mean out and adding it back is an identity,
         # which the native "fp32" modes skip too; it is the FP8 and fp16 accumulators it helps
@@ -121,6 +123,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp8", kind="triton", family=None, op="qk_int8_pv_fp8", capabilities=frozenset(),
         min_capability=limits["fp8"][0], dtypes=_HALF, head_dims=limits["fp8"][1],
+        max_tokens=limits["fp8"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32+fp32",), default_pv_accum_dtype="fp32+fp32",
         takes_mask=False, takes_smooth_v=False))
     rows.append(Backend(

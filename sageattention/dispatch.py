@@ -399,6 +399,16 @@ def _past_grid_limit(req: Request, limit: int | None) -> str | None:
     return None
 
 
+def _past_token_limit(req: Request, limit: int | None) -> str | None:
+    """Why this call's sequences are longer than a kernel indexes, or None."""
+    if limit is None:
+        return None
+    for what, count in (("query", req.seq_q), ("key", req.seq_k)):
+        if count is not None and count > limit:
+            return f"{count} {what} tokens in one sequence exceed its limit of {limit}"
+    return None
+
+
 def _dims(dims) -> str:
     sizes, spans = set(), set()
     for d in dims:
@@ -430,6 +440,8 @@ def _misfits(b: Backend, req: Request, inv: Inventory) -> tuple[list[str], list[
         hard.append(f"head dim {req.head_dim} not covered ({_dims([b.head_dims])})")
     if too_big := _past_grid_limit(req, b.max_batch_and_heads):
         hard.append(too_big)
+    if too_long := _past_token_limit(req, b.max_tokens):
+        hard.append(too_long)
     if req.has_mask and not b.takes_mask:
         hard.append("takes no attention mask")
     if req.requires_grad and not b.takes_grad:

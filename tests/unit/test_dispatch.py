@@ -170,6 +170,11 @@ def test_reason_names_skipped_backends():
     ({"batch": 65536, "q_heads": 1}, (9, 0), True, "sdpa", "batch 65536 exceeds the launch grid limit of 65535"),
     ({"batch": 1, "q_heads": 70000}, (8, 0), True, "sdpa", "query heads 70000 exceeds the launch grid limit"),
     ({"batch": 65535, "q_heads": 65535}, (9, 0), True, "cuda-sm90-fp16", ""),
+    # the Triton kernels' 32-bit token positions (sageattention.triton.MAX_TOKENS): a masked call
+    # past them has no quantized backend left
+    ({"has_mask": True, "seq_q": 64, "seq_k": 2**30 + 1}, (9, 0), True, "sdpa",
+     "triton-fp16: 1073741825 key tokens in one sequence exceed its limit"),
+    ({"has_mask": True, "seq_q": 64, "seq_k": 2**30}, (9, 0), True, "triton-fp16", ""),
 ])
 def test_fallbacks(request_kw, cap, triton, expect, reason):
     base = {"capability": cap, **request_kw}
@@ -364,6 +369,8 @@ def test_forcing_a_usable_backend():
     ("triton-fp16", {"device_type": "cpu", "capability": None}, "CUDA"),
     ("cuda-sm89-fp8", {"batch": 70000}, "batch 70000 exceeds the launch grid limit of 65535"),
     ("triton-fp16", {"q_heads": 70000}, "query heads 70000 exceeds the launch grid limit"),
+    ("triton-fp16", {"seq_k": 2**30 + 1}, "1073741825 key tokens in one sequence exceed its limit of 1073741824"),
+    ("triton-fp8", {"seq_q": 2**30 + 1}, "query tokens in one sequence exceed its limit"),
 ])
 def test_forcing_an_unusable_backend_is_an_error(name, kw, match):
     with pytest.raises(BackendUnavailableError, match=match):
