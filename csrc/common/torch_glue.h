@@ -1,5 +1,5 @@
 // Torch-side helpers shared by the families' bindings.cpp (the only torch-dependent sources):
-// argument parsing, tensor checks, quantization wrappers. Never included by .cu files.
+// quantization wrappers, the attention ops' common halves (argument checks: op_checks.h). Never included by .cu files.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -13,34 +13,11 @@
 #include "attn_params.h"
 #include "grid_limits.h"
 #include "message.h"
+#include "op_checks.h"
 
 namespace sage::glue {
 
 constexpr double kLog2e = 1.4426950408889634;
-
-struct View {  // a 4-D tensor seen as [B, H, N, D] through its layout
-  int64_t B, H, N, D, sb, sh, sn;
-};
-
-inline bool parse_layout(const std::string& layout) {
-  TORCH_CHECK(layout == "HND" || layout == "NHD", "tensor_layout must be 'HND' or 'NHD', got '",
-              layout, "'");
-  return layout == "HND";
-}
-
-inline QuantGran parse_gran(const std::string& gran) {
-  if (gran == "per_warp") return QuantGran::kPerWarp;
-  if (gran == "per_thread") return QuantGran::kPerThread;
-  if (gran == "per_block") return QuantGran::kPerBlock;
-  TORCH_CHECK(false, "qk_quant_gran must be 'per_block', 'per_warp' or 'per_thread', got '", gran,
-              "'");
-  return QuantGran::kPerWarp;
-}
-
-inline View view_of(const at::Tensor& x, bool hnd) {
-  if (hnd) return {x.size(0), x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2)};
-  return {x.size(0), x.size(2), x.size(1), x.size(3), x.stride(0), x.stride(2), x.stride(1)};
-}
 
 inline DType dtype_of(const at::Tensor& x) {
   return x.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
@@ -67,40 +44,6 @@ inline at::Tensor tma_friendly(const at::Tensor& x) {
   return c;
 }
 
-// Batch and heads ride the launch grid's y/z dims (grid_limits.h).
-inline void check_grid_limit(const View& X, const char* name) {
-  TORCH_CHECK(X.B <= kMaxGridYZ && X.H <= kMaxGridYZ, name, " has batch ", num(X.B), " and ", num(X.H),
-              " heads; the kernels take at most ", num(kMaxGridYZ), " of each (split the call, or use "
-              "sageattn, which runs such calls on PyTorch SDPA)");
-}
-
-// v_fp16_with_bf16: a float16 v is also accepted beside bfloat16 q and k (the sm80 family's
-// fp16-accumulating modes, whose P.V takes V in fp16 either way: smooth_v hands over V minus its
-// mean rounded once, to fp16, instead of twice, through bfloat16).
-inline void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool hnd,
-                      bool v_fp16_with_bf16 = false) {
-  for (const auto* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->is_cuda(), "q, k and v must be CUDA tensors");
-    TORCH_CHECK(t->dim() == 4, "q, k and v must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD)");
-    TORCH_CHECK(t->scalar_type() == at::kHalf || t->scalar_type() == at::kBFloat16,
-                "q, k and v must be float16 or bfloat16, got ", t->scalar_type());
-    TORCH_CHECK(t->device() == q.device(), "q, k and v must be on one device");
-  }
-  const bool v_fp16_ok = v_fp16_with_bf16 && q.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kHalf;
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && (v.scalar_type() == q.scalar_type() || v_fp16_ok),
-              v_fp16_with_bf16 ? "q, k and v must have one dtype (or v float16 with bfloat16 q and k)"
-                               : "q, k and v must have one dtype");
-  const View Q = view_of(q, hnd), K = view_of(k, hnd), V = view_of(v, hnd);
-  TORCH_CHECK(Q.D == 64 || Q.D == 128, "head dim must be 64 or 128, got ", num(Q.D));
-  TORCH_CHECK(K.D == Q.D && V.D == Q.D, "q, k and v must share the head dim");
-  TORCH_CHECK(K.B == Q.B && V.B == Q.B, "q, k and v must share the batch size");
-  TORCH_CHECK(K.H == V.H && K.N == V.N, "k and v must have the same heads and tokens");
-  TORCH_CHECK(K.H > 0 && Q.H % K.H == 0, "q heads (", num(Q.H), ") must be a multiple of kv heads (",
-              num(K.H), ")");
-  TORCH_CHECK(Q.N > 0 && K.N > 0, "q and k need at least one token");
-  check_grid_limit(Q, "q");
-}
-
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 using QuantInt8Launcher = cudaError_t (*)(const QuantInt8Params&, int, DType, cudaStream_t);
@@ -111,21 +54,14 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
                                                      const c10::optional<at::Tensor>& mean,
                                                      bool hnd, QuantGran gran, bool is_key,
                                                      double scale_mult) {
-  TORCH_CHECK(x_in.is_cuda() && x_in.dim() == 4, "x must be a 4-D CUDA tensor");
-  TORCH_CHECK(x_in.scalar_type() == at::kHalf || x_in.scalar_type() == at::kBFloat16,
-              "x must be float16 or bfloat16, got ", x_in.scalar_type());
+  check_quant_int8_args(x_in, mean, hnd, scale_mult);
   const at::Tensor x = vector_friendly(x_in);
   const View X = view_of(x, hnd);
-  TORCH_CHECK(X.D % 8 == 0 && X.D <= 256, "head dim must be a multiple of 8 up to 256, got ", num(X.D));
-  check_grid_limit(X, "x");
   const int block = is_key ? 64 : (gran == QuantGran::kPerBlock ? 128 : 32);
   const int groups = gran != QuantGran::kPerThread ? 1 : (is_key ? 4 : 8);
   const int64_t pad = round_up(X.N, is_key ? 64 : 128);
   at::Tensor mean_c;
-  if (mean.has_value()) {
-    mean_c = mean->to(at::kFloat).contiguous();
-    TORCH_CHECK(mean_c.numel() == X.B * X.H * X.D, "mean must be [B, H, D] fp32");
-  }
+  if (mean.has_value()) mean_c = mean->to(at::kFloat).contiguous();  // shape and device: checked
   auto out = at::empty({X.B, X.H, pad, X.D}, x.options().dtype(at::kChar));
   auto scale = at::empty({X.B, X.H, pad / block * groups}, x.options().dtype(at::kFloat));
   QuantInt8Params p{};
@@ -138,6 +74,7 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   p.block_tokens = block; p.groups_per_block = groups;
   p.scale_groups = pad / block * groups;
   p.scale_mult = static_cast<float>(scale_mult);
+  if (out.numel() == 0 || scale.numel() == 0) return {out, scale};  // no batch, heads or tokens: no launch
   const c10::cuda::CUDAGuard guard(x.device());
   const cudaError_t err = launch(p, X.B, dtype_of(x), at::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "quant_int8 launch failed: ", cudaGetErrorString(err));
@@ -240,14 +177,16 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
                                                                   VScaleLauncher scale_launch,
                                                                   const at::Tensor& v_in, bool hnd,
                                                                   bool smooth_v, double v_max) {
-  TORCH_CHECK(v_in.is_cuda() && v_in.dim() == 4, "v must be a 4-D CUDA tensor");
-  TORCH_CHECK(v_in.scalar_type() == at::kHalf || v_in.scalar_type() == at::kBFloat16,
-              "v must be float16 or bfloat16, got ", v_in.scalar_type());
+  check_quant_v_fp8_args(v_in, hnd);
   const c10::cuda::CUDAGuard guard(v_in.device());
   const at::Tensor v = vector_friendly(v_in);
   const View V = view_of(v, hnd);
-  TORCH_CHECK(V.D % 8 == 0 && V.D <= 128, "head dim must be a multiple of 8 up to 128, got ", num(V.D));
-  check_grid_limit(V, "v");
+  if (V.B == 0 || V.H == 0) {  // no batch or no heads: empty outputs, no launch
+    const auto f32 = v.options().dtype(at::kFloat);
+    at::Tensor v8 = at::empty({V.B, V.H, kFp8VTerms * V.D, round_up(V.N, 64)}, v.options().dtype(at::kFloat8_e4m3fn));
+    at::Tensor mean = smooth_v ? at::empty({V.B, V.H, V.D}, f32) : at::empty({0}, f32);
+    return {v8, at::empty({V.B, V.H, V.D}, f32), mean};
+  }
   // scale = max(amax / v_max, 1e-8), amax = max |v| or, smoothing, max |v - mean|
   at::Tensor mean, scale;
   if (auto by_kernel = v_scale_by_kernel(scale_launch, v, hnd, smooth_v, v_max)) {

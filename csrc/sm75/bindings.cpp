@@ -13,8 +13,7 @@
 #include <string>
 #include <tuple>
 
-#include "../common/grid_limits.h"
-#include "../common/message.h"
+#include "../common/op_checks.h"
 #include "launchers.h"
 
 namespace sageattention_sm75 {
@@ -37,16 +36,8 @@ TensorRef ref(const at::Tensor& t, const Hnd& s) {
   return TensorRef{const_cast<void*>(t.data_ptr()), s.sb, s.sh, s.sn};
 }
 
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
-  TORCH_CHECK(t.is_cuda(), "sageattention_sm75: ", name, " must be a CUDA tensor, got device ",
-              t.device());
-  TORCH_CHECK(t.device() == q.device(), "sageattention_sm75: q, k and v must be on one device; ",
-              name, " is on ", t.device(), ", q on ", q.device());
-  TORCH_CHECK(t.dim() == 4, "sageattention_sm75: ", name, " must be 4-D, got ", num(t.dim()), "-D");
-  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
-              "sageattention_sm75: ", name, " must be float16 or bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "sageattention_sm75: q, k and v must share a dtype; ",
-              name, " is ", t.scalar_type(), ", q is ", q.scalar_type());
+// The head dim read contiguously (the kernels take any other strides, element by element).
+void check_head_dim_stride(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(3) == 1, "sageattention_sm75: the head dim of ", name,
               " must be contiguous (stride 1), got stride ", num(t.stride(3)));
 }
@@ -65,30 +56,14 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_cuda(const at::Tensor& q, con
                                                         bool is_causal, double sm_scale,
                                                         const std::string& qk_quant_gran,
                                                         bool smooth_k, bool return_lse) {
-  TORCH_CHECK(tensor_layout == "HND" || tensor_layout == "NHD",
-              "sageattention_sm75: tensor_layout must be 'HND' or 'NHD', got '", tensor_layout, "'");
+  const bool nhd = !sage::glue::parse_layout(tensor_layout);
   const QuantGran gran = parse_gran(qk_quant_gran);
-  check_input(q, "q", q);
-  check_input(k, "k", q);
-  check_input(v, "v", q);
-  const bool nhd = tensor_layout == "NHD";
+  sage::glue::check_qkv(q, k, v, !nhd);
+  check_head_dim_stride(q, "q");
+  check_head_dim_stride(k, "k");
+  check_head_dim_stride(v, "v");
+  sage::glue::check_finite(sm_scale, "sm_scale");
   const Hnd sq = as_hnd(q, nhd), sk = as_hnd(k, nhd), sv = as_hnd(v, nhd);
-  TORCH_CHECK(sq.d == 64 || sq.d == 128, "sageattention_sm75: head dim must be 64 or 128, got ", num(sq.d));
-  TORCH_CHECK(sk.d == sq.d && sv.d == sq.d, "sageattention_sm75: q, k, v head dims differ: ", num(sq.d),
-              ", ", num(sk.d), ", ", num(sv.d));
-  TORCH_CHECK(sk.b == sq.b && sv.b == sq.b, "sageattention_sm75: q, k, v batch sizes differ: ",
-              num(sq.b), ", ", num(sk.b), ", ", num(sv.b));
-  TORCH_CHECK(sk.h == sv.h && sk.h > 0 && sq.h % sk.h == 0,
-              "sageattention_sm75: k and v need the same number of heads, dividing q's; got q ",
-              num(sq.h), ", k ", num(sk.h), ", v ", num(sv.h));
-  TORCH_CHECK(sk.n == sv.n, "sageattention_sm75: k and v need the same number of tokens, got ",
-              num(sk.n), " and ", num(sv.n));
-  TORCH_CHECK(sq.n > 0 && sk.n > 0 && sq.b > 0, "sageattention_sm75: empty input (batch ", num(sq.b),
-              ", q tokens ", num(sq.n), ", kv tokens ", num(sk.n), ")");
-  TORCH_CHECK(sq.n < (1LL << 30) && sk.n < (1LL << 30), "sageattention_sm75: sequence too long");
-  TORCH_CHECK(sq.b <= sage::kMaxGridYZ && sq.h <= sage::kMaxGridYZ, "sageattention_sm75: q has batch ",
-              num(sq.b), " and ", num(sq.h), " heads; the kernels take at most ", num(sage::kMaxGridYZ),
-              " of each (split the call, or use sageattn, which runs such calls on PyTorch SDPA)");
 
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();

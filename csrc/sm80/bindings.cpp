@@ -23,8 +23,9 @@ std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
                                                  const std::string& tensor_layout,
                                                  const std::string& qk_quant_gran, bool is_key,
                                                  double scale_mult) {
-  return glue::quant_int8(&sm80::quant_int8, x, mean, glue::parse_layout(tensor_layout),
-                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  return glue::quant_int8(&sm80::quant_int8, x, mean, hnd, gran, is_key, scale_mult);
 }
 
 std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
@@ -36,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   const PvAccum accum = parse_accum(pv_accum_dtype);
   const DType od = glue::dtype_of(q);
   glue::check_qkv(q, k, v, hnd, /*v_fp16_with_bf16=*/!pv_in_bf16(od, accum));
-  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  glue::check_finite(sm_scale, "sm_scale");
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::QuantizedQK qk =

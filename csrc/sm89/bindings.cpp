@@ -29,8 +29,9 @@ std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
                                                  const std::string& tensor_layout,
                                                  const std::string& qk_quant_gran, bool is_key,
                                                  double scale_mult) {
-  return glue::quant_int8(&sm89::quant_int8, x, mean, glue::parse_layout(tensor_layout),
-                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  return glue::quant_int8(&sm89::quant_int8, x, mean, hnd, gran, is_key, scale_mult);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8_op(const at::Tensor& v,
@@ -48,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   const QuantGran gran = glue::parse_gran(qk_quant_gran);
   const PvAccum accum = parse_accum(pv_accum_dtype);
   glue::check_qkv(q, k, v, hnd);
-  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  glue::check_finite(sm_scale, "sm_scale");
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::Fp8Kernels kernels{&sm89::quant_int8, &sm89::token_mean, &sm89::quant_v_fp8, &sm89::v_scale,

@@ -23,8 +23,9 @@ std::tuple<at::Tensor, at::Tensor> quant_int8_op(const at::Tensor& x,
                                                  const std::string& qk_quant_gran, bool is_key,
                                                  double scale_mult) {
   check_device(x);
-  return glue::quant_int8(&sm90::quant_int8, x, mean, glue::parse_layout(tensor_layout),
-                          glue::parse_gran(qk_quant_gran), is_key, scale_mult);
+  const bool hnd = glue::parse_layout(tensor_layout);
+  const QuantGran gran = glue::parse_gran(qk_quant_gran);
+  return glue::quant_int8(&sm90::quant_int8, x, mean, hnd, gran, is_key, scale_mult);
 }
 
 std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
@@ -36,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
   check_accum(pv_accum_dtype);
   glue::check_qkv(q, k, v, hnd);
   check_device(q);
-  TORCH_CHECK(std::isfinite(sm_scale), "sm_scale must be finite");
+  glue::check_finite(sm_scale, "sm_scale");
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::QuantizedQK qk =

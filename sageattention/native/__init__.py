@@ -14,6 +14,8 @@ from importlib import resources
 from types import ModuleType
 from typing import Any
 
+from . import checks
+
 __all__ = ["FAMILIES", "available_families", "family_module", "qk_int8_pv_fp16", "qk_int8_pv_fp8"]
 
 
@@ -118,13 +120,13 @@ def qk_int8_pv_fp8(q, k, v, *, family, tensor_layout, is_causal, sm_scale, qk_qu
 # csrc/common/torch_glue.h (quant_int8) so torch.compile and opcheck see the real shapes.
 
 def check_4d(**tensors) -> None:
-    """Refuse, as the ops do (csrc/common/torch_glue.h), an input that is not 4-D. Every fake calls
+    """Refuse, as the ops do (csrc/common/op_checks.h), an input that is not 4-D. Every fake calls
     this first: while tracing, the fake runs instead of the op, and without it a 3-D input was an
     IndexError from :func:`bhnd`."""
     for name, t in tensors.items():
         if len(t.shape) != 4:
-            raise ValueError(f"{name} must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD), "
-                             f"got shape {tuple(t.shape)}")
+            raise checks.OpArgumentError(f"{name} must be 4-D ([B, H, N, D] for HND, [B, N, H, D] for NHD), "
+                                         f"got shape {tuple(t.shape)}")
 
 
 def bhnd(x, tensor_layout: str):
@@ -149,10 +151,9 @@ def int8_quant_shapes(n_tokens, *, is_key: bool, qk_quant_gran: str):
 
 
 def check_quant_mean(x, mean, tensor_layout: str) -> None:
-    """Refuse a ``mean`` that the ``quant_int8`` ops would misread: they take its data pointer as
-    fp32 ``[B, H, D]`` on x's device, checking only its element count, so a mean on another device
-    (a host pointer handed to the kernel) or of another shape (the same count, read in the wrong
-    order) is an error here, before the op. x itself is checked by the op."""
+    """Refuse, before the op, a ``mean`` that ``quant_int8`` refuses (checks.check_mean: fp32
+    ``[B, H, D]`` on x's device, read by the kernel through its data pointer), and one that is not
+    a tensor at all. x itself is checked by the op."""
     if mean is None:
         return
     import torch
@@ -161,12 +162,8 @@ def check_quant_mean(x, mean, tensor_layout: str) -> None:
         raise TypeError(f"mean must be a torch.Tensor [B, H, D] or None, got {type(mean).__name__}")
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         return   # the op refuses x, naming what it takes
-    if mean.device != x.device:
-        raise ValueError(f"mean is on {mean.device} but x is on {x.device}; pass K's mean on x's device")
     b, h, _, d = bhnd(x, tensor_layout)
-    if tuple(mean.shape) != (b, h, d) or not mean.is_floating_point():
-        raise ValueError(f"mean must be a floating-point [B, H, D] = [{b}, {h}, {d}] tensor (x's mean over "
-                         f"its tokens), got shape {tuple(mean.shape)} ({mean.dtype})")
+    checks.check_mean(mean, x, b, h, d)
 
 
 def import_extension(extension: str, family: str) -> None:
@@ -209,6 +206,9 @@ def register_quant_int8_fake(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::quant_int8")
     def _quant_int8_fake(x, mean, tensor_layout, qk_quant_gran, is_key, scale_mult):
         check_4d(x=x)
+        checks.parse_layout(tensor_layout)
+        checks.parse_gran(qk_quant_gran)
+        checks.check_quant_int8_args(x, mean, tensor_layout, scale_mult)
         b, h, n, d = bhnd(x, tensor_layout)
         padded, groups = int8_quant_shapes(n, is_key=is_key, qk_quant_gran=qk_quant_gran)
         return (x.new_empty((b, h, padded, d), dtype=torch.int8),
@@ -224,7 +224,22 @@ def attention_fake_outputs(q, tensor_layout: str, return_lse: bool):
     return q.new_empty(q.shape), q.new_empty((b if return_lse else 0, h, n), dtype=torch.float32)
 
 
-def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
+def check_attention_args(family: str, q, k, v, tensor_layout, sm_scale, qk_quant_gran, pv_accum_dtype):
+    """What the sm80 .. sm90_fp8 families' attention ops check, in their order (bindings.cpp):
+    layout, granularity, accumulation, q/k/v, sm_scale. (The sm90a families' check of the GPU's
+    compute capability is the op's alone.)"""
+    checks.parse_layout(tensor_layout)
+    checks.parse_gran(qk_quant_gran)
+    checks.parse_accum(family, pv_accum_dtype)
+    import torch
+
+    # sm80's fp16-accumulating modes also take a float16 v beside bfloat16 q and k (pv_in_bf16)
+    v_fp16 = family == "sm80" and not (q.dtype == torch.bfloat16 and pv_accum_dtype == "fp32")
+    checks.check_qkv(q, k, v, tensor_layout, v_fp16_with_bf16=v_fp16)
+    checks.check_finite(sm_scale, "sm_scale")
+
+
+def register_qk_int8_pv_fp16_fake(namespace: str, family: str) -> None:
     """The fake of ``<namespace>::qk_int8_pv_fp16``, one schema in the sm80 and sm90 families."""
     import torch
 
@@ -232,6 +247,7 @@ def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, return_lse):
         check_4d(q=q, k=k, v=v)
+        check_attention_args(family, q, k, v, tensor_layout, sm_scale, qk_quant_gran, pv_accum_dtype)
         return attention_fake_outputs(q, tensor_layout, return_lse)
 
 
@@ -240,7 +256,7 @@ def register_qk_int8_pv_fp16_fake(namespace: str) -> None:
 # csrc/sm90_fp8/bindings.cpp), so their fakes and the argument order of their calls live here
 # once; each family module passes its op namespace.
 
-def register_fp8_family_fakes(namespace: str) -> None:
+def register_fp8_family_fakes(namespace: str, family: str) -> None:
     """The fakes of ``<namespace>::quant_int8``, ``quant_v_fp8`` and ``qk_int8_pv_fp8``."""
     import torch
 
@@ -251,6 +267,7 @@ def register_fp8_family_fakes(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::quant_v_fp8")
     def _quant_v_fake(v, tensor_layout, smooth_v):
         check_4d(v=v)
+        checks.check_quant_v_fp8_args(v, tensor_layout)
         b, h, n, d = bhnd(v, tensor_layout)
         padded = (n + 63) // 64 * 64
         return (v.new_empty((b, h, FP8_V_TERMS * d, padded), dtype=torch.float8_e4m3fn),
@@ -261,6 +278,7 @@ def register_fp8_family_fakes(namespace: str) -> None:
     def _attn_fake(q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, pv_accum_dtype,
                    smooth_k, smooth_v, return_lse):
         check_4d(q=q, k=k, v=v)
+        check_attention_args(family, q, k, v, tensor_layout, sm_scale, qk_quant_gran, pv_accum_dtype)
         return attention_fake_outputs(q, tensor_layout, return_lse)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import ExtensionLoader, check_4d
+from . import ExtensionLoader, check_4d, checks
 
 __all__ = ["EXTENSION", "OP_NAMESPACE", "SUPPORT", "load", "qk_int8_pv_fp16"]
 
@@ -39,8 +39,14 @@ load = ExtensionLoader(EXTENSION, FAMILY, _register_fake)
 def _qk_int8_pv_fp16_fake(
     q, k, v, tensor_layout, is_causal, sm_scale, qk_quant_gran, smooth_k, return_lse
 ):
-    # Mirrors bindings.cpp: a contiguous output shaped like q, LSE [B, Hq, Nq] fp32 or an empty [0].
+    # Mirrors bindings.cpp: its checks, in its order; a contiguous output shaped like q, LSE
+    # [B, Hq, Nq] fp32 or an empty [0].
     check_4d(q=q, k=k, v=v)
+    checks.parse_layout(tensor_layout)
+    checks.parse_sm75_gran(qk_quant_gran)
+    checks.check_qkv(q, k, v, tensor_layout)
+    checks.check_sm75_head_dim_strides(q, k, v)
+    checks.check_finite(sm_scale, "sm_scale")
     out = q.new_empty(q.shape)
     if not return_lse:
         return out, q.new_empty((0,), dtype=torch.float32)

@@ -14,7 +14,7 @@ NAMESPACE = "sageattention_sm89"
 
 
 def _register_fakes() -> None:
-    register_fp8_family_fakes(NAMESPACE)
+    register_fp8_family_fakes(NAMESPACE, "sm89")
 
 
 # Import the extension (registering its ops) and the fake implementations, once; ImportError

@@ -18,7 +18,7 @@ def _register_fakes() -> None:
     from . import register_qk_int8_pv_fp16_fake, register_quant_int8_fake
 
     register_quant_int8_fake(NAMESPACE)
-    register_qk_int8_pv_fp16_fake(NAMESPACE)
+    register_qk_int8_pv_fp16_fake(NAMESPACE, "sm90")
 
 
 # Import the extension (registering its ops) and the fake implementations, once; ImportError

@@ -17,7 +17,7 @@ NAMESPACE = "sageattention_sm90_fp8"
 
 
 def _register_fakes() -> None:
-    register_fp8_family_fakes(NAMESPACE)
+    register_fp8_family_fakes(NAMESPACE, "sm90_fp8")
 
 
 # Import the extension (registering its ops) and the fake implementations, once; ImportError
