@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import dispatch
-from .backends import MAX_GRID_YZ, SDPA, backend
+from .backends import MAX_GRID_YZ, MAX_QUANTIZED_SCALE, SDPA, backend
 from .dispatch import BackendChoice, log_once, record_backend
 from .inputs import (PV_ACCUM_DTYPES_FP8, PV_ACCUM_DTYPES_FP16, QUANTIZATION_BACKENDS, SAGEATTN_KEYWORDS,
                      AttnCall, check_bool, check_choice, check_dropout, check_varlen, parse_call, resolve_sm_scale,
@@ -119,6 +119,76 @@ def _sdpa_lse(q, k, mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
 _TINY_SCALE = torch.finfo(torch.float32).tiny
 
 
+# Scales above this run the exact softmax below instead of torch's SDPA. SDPA multiplies the
+# scale into the scores (on the CPU in float32 for fp16/bf16/fp32 inputs: NaN from about 1e40 on
+# for unit-size q and k, and from 1e30 where |q.k| reaches 1e9; float64 inputs past 1.8e308 / |q.k|),
+# and the softmax of a row holding inf is NaN. The quantized backends' limit is the same number, so
+# every call that falls back for its scale, and only such a call, takes this path.
+EXACT_SOFTMAX_SCALE = MAX_QUANTIZED_SCALE
+
+
+def _exact_softmax_attention(q, k, v, mask, is_causal: bool, scale: float, dropout_p: float, gqa: bool,
+                             return_lse: bool):
+    """softmax(scale * q.k^T + mask) @ v for a positive scale of any finite size, as (out, lse):
+    each row's scores are shifted by their maximum before the scale multiplies them, in float64, so
+    nothing overflows: as the scale grows the weights tend to equal ones over the keys that tie
+    for the row's maximum. An additive mask enters as mask / scale on the unscaled scores (the same
+    row after multiplying). A query row without a visible key gets 0 and LSE -inf. The LSE (float32,
+    natural log) is scale * max + log(sum), float32's rounding of the true value: +-inf where that
+    is beyond float32's range. Inputs [..., H, N, D] (SDPA's; leading dims broadcast), the query
+    heads in groups over the key/value heads where gqa; a block of query rows at a time
+    (LSE_SCORE_BUDGET); differentiable, dropout as SDPA's (on the weights, kept ones / (1 - p))."""
+    squeeze = q.dim() == 2   # SDPA takes [N, D] too
+    if squeeze:
+        q, k, v = q[None], k[None], v[None]
+    hq, nq, nk = q.shape[-3], q.shape[-2], k.shape[-2]
+    hkv = k.shape[-3]
+    group = hq // hkv if gqa else 1
+    kt = k.double().transpose(-1, -2)
+    vd = v.double()
+    if group > 1:   # the query heads of one kv head share its K and V, not copied
+        kt, vd = kt.unsqueeze(-3), vd.unsqueeze(-3)
+    lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+    rows_total = math.prod(lead) * hq * nk
+    step = max(1, min(nq, LSE_SCORE_BUDGET // 2 // max(1, rows_total)))   # float64: half the elements
+    outs, lses = [], []
+    for r0 in range(0, nq, step):
+        qb = q[..., r0:r0 + step, :].double()
+        rows = qb.shape[-2]
+        if group > 1:
+            x = (qb.reshape(*qb.shape[:-3], hkv, group, rows, qb.shape[-1]) @ kt)
+            x = x.reshape(*x.shape[:-4], hq, rows, nk)
+        else:
+            x = qb @ kt
+        if is_causal:   # SDPA's: top-left, query i sees keys j <= i
+            row_ids = torch.arange(r0, r0 + rows, device=q.device)[:, None]
+            x = x.masked_fill(torch.arange(nk, device=q.device)[None, :] > row_ids, -math.inf)
+        if mask is not None:
+            m = mask[..., r0:r0 + step, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
+            x = x.masked_fill(~m, -math.inf) if m.dtype == torch.bool else x + m.double() / scale
+        top = x.amax(dim=-1, keepdim=True).detach()   # the shift changes no weight: no gradient
+        top = top.masked_fill(top == -math.inf, 0.0)   # a row without keys: every weight exp(-inf) = 0
+        weights = torch.exp((x - top) * scale)
+        total = weights.sum(dim=-1, keepdim=True)
+        p = weights / total.clamp_min(torch.finfo(torch.float64).tiny)   # 0 / tiny = 0 without keys
+        if dropout_p > 0:
+            p = F.dropout(p, dropout_p)
+        if group > 1:
+            o = (p.reshape(*p.shape[:-3], hkv, group, rows, nk) @ vd)
+            o = o.reshape(*o.shape[:-4], hq, rows, vd.shape[-1])
+        else:
+            o = p @ vd
+        outs.append(o)
+        if return_lse:
+            lses.append((top * scale + torch.log(total)).squeeze(-1))
+    out = torch.cat(outs, dim=-2).to(q.dtype)
+    lse = torch.cat(lses, dim=-1).float() if return_lse else None
+    if squeeze:
+        out = out[0]
+        lse = lse[0] if lse is not None else None
+    return out, lse
+
+
 def _positive_scale(q, scale: float):
     """(q, scale) with the same attention and a positive scale, which the quantized kernels take:
     a negative scale is -q with |scale|; a zero (or tiny, _TINY_SCALE) one, every score 0 and
@@ -128,6 +198,23 @@ def _positive_scale(q, scale: float):
     if scale > -_TINY_SCALE:
         return q * 0.0, 1.0   # not zeros_like: SDPA's autograd still reaches q (a zero gradient)
     return torch.neg(q), -scale
+
+
+def _without_overlap(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy where two of its elements share memory other than along a stride-0
+    (expanded) dim: torch's CPU SDPA read such a q wrongly (torch 2.14: a q whose token, head or
+    batch stride is 1 like its head dim's, e.g. as_strided windows over one buffer, gave outputs off
+    by 2 to 1e37, float64 too; a contiguous copy of it was right). Expanded dims are read right and
+    are kept (a K/V expanded over heads is not copied)."""
+    if t.is_contiguous():
+        return t
+    end = 1   # every dim, innermost first, must step past the extent of the dims inside it
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1 and d[1] != 0),
+                               key=lambda d: d[1]):
+        if stride < end:
+            return t.contiguous()
+        end = stride * size
+    return t
 
 
 def _sdpa_kv(k, v, q_heads: int, kv_heads: int):
@@ -161,10 +248,18 @@ def _run_sdpa_as_given(call: AttnCall, q, k, v):
             # An fp32 additive mask with fp16/bf16 inputs: SDPA in fp32, then back to the input dtype.
             # Passing the pair straight through returned NaN on CUDA (torch 2.11, H200, 2026-12-02).
             qh, kh, vh = qh.float(), kh.float(), vh.float()
-    kh, vh, gqa = _sdpa_kv(kh, vh, p.q_heads, p.kv_heads)
+    qh, kh, vh = (_without_overlap(t) for t in (qh, kh, vh))
     # torch's SDPA returned NaN/Inf for a zero or negative scale (CUDA; on the CPU with is_causal;
     # torch 2.11 and 2.14), so it gets the same attention with a positive one.
     qh, scale = _positive_scale(qh, call.sm_scale)
+    if scale > EXACT_SOFTMAX_SCALE:
+        out, lse = _exact_softmax_attention(qh, kh, vh, mask, call.is_causal, scale, call.dropout_p,
+                                            gqa=True, return_lse=call.return_lse)
+        out = out.to(p.dtype)
+        if p.tensor_layout == "NHD":
+            out = out.transpose(1, 2).contiguous()
+        return out, lse
+    kh, vh, gqa = _sdpa_kv(kh, vh, p.q_heads, p.kv_heads)
     out = _torch_sdpa(qh, kh, vh, attn_mask=mask, dropout_p=call.dropout_p, is_causal=call.is_causal,
                       scale=scale, enable_gqa=gqa)
     if out.dtype != p.dtype:  # the fp32 pass for an fp32 additive mask
@@ -563,13 +658,19 @@ def _longest(offsets) -> int:
 
 
 def _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale) -> None:
-    """SDPA per sequence into `out` (q's shape and dtype), sequences without queries or keys left."""
+    """SDPA per sequence into `out` (q's shape and dtype), sequences without queries or keys left;
+    the exact softmax for a scale above EXACT_SOFTMAX_SCALE (a positive one: _positive_scale)."""
+    q, k, v = (_without_overlap(t) for t in (q, k, v))
     for (q0, q1), (k0, k1) in zip(zip(problem.q_offsets, problem.q_offsets[1:]),
                                   zip(problem.k_offsets, problem.k_offsets[1:])):
         if q1 == q0 or k1 == k0:
             continue
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
-        ks, vs, gqa = _sdpa_kv(ks, vs, problem.q_heads, problem.kv_heads)
-        o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa)
+        if scale > EXACT_SOFTMAX_SCALE:
+            o, _ = _exact_softmax_attention(qs, ks, vs, None, is_causal, scale, dropout_p, gqa=True,
+                                            return_lse=False)
+        else:
+            ks, vs, gqa = _sdpa_kv(ks, vs, problem.q_heads, problem.kv_heads)
+            o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa)
         out[q0:q1] = o[0].transpose(0, 1)
 

@@ -19,14 +19,18 @@ from .inputs import check_scale
 __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 
 
+_NOT_STRIDED = "inputs that are not strided tensors (nested or sparse)"
+
+
 def _torch_handles_it(query, key, value, enable_gqa) -> str | None:
     """Why the call goes to torch unchanged (so it behaves, and fails, exactly as SDPA), or None:
     batch shapes other than 4-D, nested (torch's SDPA takes jagged ones) or sparse tensors, a value
     head dim unlike the query's, batch sizes or K/V head counts that differ (SDPA broadcasts them),
     GQA without enable_gqa."""
     tensors = (query, key, value)
-    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.layout is torch.strided
-               and t.dim() == 4 for t in tensors):
+    if not all(isinstance(t, torch.Tensor) and not t.is_nested and t.layout is torch.strided for t in tensors):
+        return _NOT_STRIDED
+    if not all(t.dim() == 4 for t in tensors):
         return "inputs that are not 4-D strided tensors"
     if value.shape[-1] != query.shape[-1]:
         return "a value head dim unlike the query's"
@@ -66,8 +70,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         scale = check_scale("scale", scale)
         if scale is not None:
             query, scale = core._positive_scale(query, scale)
-        out = core._torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        out = None
+        if scale is not None and scale > core.EXACT_SOFTMAX_SCALE and why_torch != _NOT_STRIDED:
+            # torch returned NaN where scale * q.k overflowed: the exact softmax instead, once
+            # torch's own checks (on meta copies, no compute) have passed the arguments
+            core._torch_sdpa(*(t.to("meta") if isinstance(t, torch.Tensor) else t
+                               for t in (query, key, value, attn_mask)),
+                             dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+            out, _ = core._exact_softmax_attention(query, key, value, attn_mask, is_causal, scale, dropout_p,
+                                                   gqa=enable_gqa, return_lse=False)
+        if out is None:
+            out = core._torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         record_backend("sdpa")
         return out
     query, key, value, attn_mask = _autocast(query, key, value, attn_mask)
