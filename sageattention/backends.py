@@ -19,6 +19,9 @@ SDPA = "sdpa"
 # CUDA's limit on a launch grid's y and z dims: every quantized kernel (native and Triton) puts the
 # query heads and the batch there, so a call with more of either runs on SDPA.
 MAX_GRID_YZ = 65535
+# Tokens per sequence the native ops take (csrc/common/grid_limits.h kMaxTokens: 32-bit token
+# indices); a longer sequence runs on SDPA.
+MAX_NATIVE_TOKENS = 2**30
 BACKEND_NAMES = ("cuda-sm90-fp16", "cuda-sm90-fp8", "cuda-sm89-fp8", "cuda-sm80-fp16",
                  "cuda-sm75-fp16", "triton-fp16", "triton-fp8", SDPA)
 
@@ -109,7 +112,7 @@ def capability_table() -> tuple[Backend, ...]:
             qk_quant_grans=("per_thread",) + tuple(g for g in grans if g != "per_thread")
             if "per_thread" in grans else grans,
             pv_accum_dtypes=tuple(spec["pv_accum_dtype"]), default_pv_accum_dtype=_DEFAULT_PV_ACCUM[op],
-            takes_mask=False, takes_smooth_v=True))
+            takes_mask=False, takes_smooth_v=True, max_tokens=MAX_NATIVE_TOKENS))
     limits = _triton_limits()
     rows.append(Backend(
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),

@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"do_bench warm-up per timing (default {benchmark.TIMER_WARMUP_MS:g}, "
                         "python -m sageattention.benchmark's)")
     p.add_argument("--rep-ms", type=benchmark.milliseconds_arg, default=100.0,
-                   help="do_bench repetition time per timing")
+                   help="do_bench repetition time per timing (default 100)")
     p.add_argument("--rounds", type=benchmark.rounds_arg, default=DEFAULT_ROUNDS,
                    help="time every backend this many times per shape, interleaved, and keep the "
                         f"medians (python -m sageattention.benchmark --rounds; default {DEFAULT_ROUNDS}: "

@@ -341,6 +341,19 @@ def test_grid_limit_is_the_one_the_kernels_refuse_past():
                for n in backends.BACKEND_NAMES if n != "sdpa")
 
 
+def test_token_limits_are_the_ones_the_kernels_refuse_past():
+    header = (REPO / "csrc" / "common" / "grid_limits.h").read_text()
+    assert "constexpr int64_t kMaxTokens = int64_t{1} << 30;" in header
+    assert backends.MAX_NATIVE_TOKENS == 2**30
+    from sageattention import triton as triton_backend
+    for name in backends.BACKEND_NAMES:
+        row = backends.backend(name)
+        want = {"native": backends.MAX_NATIVE_TOKENS, "triton": triton_backend.MAX_TOKENS, "sdpa": None}[row.kind]
+        assert row.max_tokens == want, name
+    long_call = choose(req((9, 0), seq_q=64, seq_k=2**30 + 1), inv(*ALL))
+    assert long_call.name == "sdpa" and "cuda-sm90-fp16: 1073741825 key tokens" in long_call.reason
+
+
 def test_kernel_function_falls_back_when_the_input_needs_sdpa():
     for kw in ({"has_mask": True}, {"dtype": torch.float32}, {"device_type": "cpu", "capability": None},
                {"requires_grad": True}, {"head_dim": 80}, {"batch": 70000}, {"q_heads": 70000}):
