@@ -11,7 +11,9 @@
 # Reports land in $OUT as <wheel stem>.report.json; copy them to release_notes/ and run
 # `nox -s notes` (or `python -m scripts.factory.notes`) to regenerate the notes.
 set -uo pipefail
-[ $# -gt 0 ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }   # the comment above
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; }   # the comment above
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+[ $# -gt 0 ] || { usage; exit 2; }
 OUT=${OUT:-$PWD/runner_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
