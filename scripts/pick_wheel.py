@@ -3,7 +3,8 @@
 
 Standard library only; torch is used when installed (for its version, its CUDA and the GPUs), and
 nvidia-smi when torch cannot see a GPU. Prints the exact wheel and the pip / uv command to install
-it, or, when none fits, why and the nearest options.
+it, or, when none fits, why, the nearest options and what to do. Only wheels that passed
+validation (and are not yanked) are ever offered.
 
     python scripts/pick_wheel.py --manifest https://github.com/OWNER/REPO/releases/download/TAG/manifest.json
     python scripts/pick_wheel.py --manifest dist/release/manifest.json --env-json m.json --json
@@ -457,6 +458,53 @@ _REQUIRED_WHEEL_KEYS = (
 )
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_TAG_PART = re.compile(r"[A-Za-z0-9_]+")  # one tag of a python, abi or platform tag set
+
+
+def _canonical_name(name: str) -> str:
+    """A project name normalized as PEP 503 says (packaging.utils.canonicalize_name)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class WheelName:
+    """What a wheel file name says (the wheel spec, PEP 427 / PEP 491)."""
+
+    project: str  # canonical (PEP 503)
+    version: str  # as written
+    build: tuple[int, str] | tuple[()]  # (1, "") for "-1-"; () without a build tag
+    tags: frozenset[str]  # expanded: "cp312-cp312-manylinux_2_28_x86_64", one per combination
+
+
+def parse_wheel_name(filename: str) -> WheelName:
+    """Parse a wheel file name as packaging.utils.parse_wheel_filename does (the picker needs only
+    the standard library; tests/unit/test_picker_manifest.py checks the two agree). BadInput says
+    what is wrong."""
+    expected = ("expected '<name>-<version>[-<build>]-<python tag>-<abi tag>-<platform tag>.whl' "
+                "(for example sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-"
+                "manylinux_2_28_x86_64.whl)")
+    if not filename.endswith(".whl"):
+        raise BadInput(f"{filename!r} is not a wheel file name (no .whl); {expected}")
+    parts = filename[: -len(".whl")].split("-")
+    if len(parts) not in (5, 6) or not all(parts):
+        raise BadInput(f"{filename!r} is not a wheel file name; {expected}")
+    build: tuple[int, str] | tuple[()] = ()
+    if len(parts) == 6:
+        match = re.fullmatch(r"(\d+)(.*)", parts[2])
+        if match is None:
+            raise BadInput(f"{filename!r}: build tag {parts[2]!r} must start with a digit")
+        build = (int(match.group(1)), match.group(2))
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?", parts[0]):
+        raise BadInput(f"{filename!r}: {parts[0]!r} is not a project name; {expected}")
+    sets = [p.split(".") for p in parts[-3:]]
+    if not all(_TAG_PART.fullmatch(t) for s in sets for t in s):
+        raise BadInput(f"{filename!r}: its tags {'-'.join(parts[-3:])!r} are not "
+                       f"'python-abi-platform' tags; {expected}")
+    tags = frozenset(f"{i}-{a}-{p}".lower() for i in sets[0] for a in sets[1] for p in sets[2])
+    return WheelName(_canonical_name(parts[0]), parts[1], build, tags)
+
+
 def validate_manifest(manifest: object) -> None:
     if not isinstance(manifest, dict):
         raise BadInput("manifest: expected a JSON object")
@@ -477,18 +525,46 @@ def validate_manifest(manifest: object) -> None:
         if missing:
             raise BadInput(f"manifest: wheels[{i}] lacks {missing}")
         for key in ("filename", "url", "sha256", "version"):
-            if not isinstance(w[key], str):
-                raise BadInput(f"manifest: wheels[{i}].{key} must be a string, got {w[key]!r}")
+            if not isinstance(w[key], str) or not w[key].strip():
+                raise BadInput(f"manifest: wheels[{i}].{key} must be a non-empty string, "
+                               f"got {w[key]!r}")
+        if not _SHA256.fullmatch(w["sha256"]):
+            raise BadInput(f"manifest: wheels[{i}].sha256 must be 64 lowercase hex digits "
+                           f"(hashlib's hexdigest), got {w['sha256']!r}")
         if not isinstance(w.get("validation") or {}, dict):
             raise BadInput(f"manifest: wheels[{i}].validation must be an object")
-        if not isinstance(w["gpu_targets"], list):
-            raise BadInput(f"manifest: wheels[{i}].gpu_targets must be a list of {{'cc': ...}}")
-        if not isinstance(w["tags"], list) or not all(
-            isinstance(t, str) and t.count("-") == 2 for t in w["tags"]
+        if not isinstance(w["gpu_targets"], list) or not w["gpu_targets"]:
+            raise BadInput(f"manifest: wheels[{i}].gpu_targets must be a non-empty list of "
+                           f"{{'cc': ...}}, got {w['gpu_targets']!r}")
+        if not isinstance(w["tags"], list) or not w["tags"] or not all(
+            isinstance(t, str) and t.count("-") == 2 and all(
+                _TAG_PART.fullmatch(part) for part in t.split("-"))
+            for t in w["tags"]
         ):
             raise BadInput(
-                f"manifest: wheels[{i}].tags must be a list of 'python-abi-platform' tags"
+                f"manifest: wheels[{i}].tags must be a list of expanded 'python-abi-platform' "
+                f"tags such as 'cp312-cp312-manylinux_2_28_x86_64', got {w['tags']!r}"
             )
+        try:
+            name = parse_wheel_name(w["filename"])
+        except BadInput as exc:
+            raise BadInput(f"manifest: wheels[{i}].filename: {exc}") from None
+        said = {
+            "project": (name.project, "sageattention"),
+            "version": (name.version, w["version"]),
+            "tags": (sorted(name.tags), sorted(t.lower() for t in w["tags"])),
+        }
+        if w.get("local_label") is not None:
+            said["local_label"] = (w["version"].partition("+")[2], w["local_label"])
+        for key, (from_name, listed) in said.items():
+            if from_name != listed:
+                raise BadInput(
+                    f"manifest: wheels[{i}] says {key} {listed!r}, but its file name "
+                    f"{w['filename']!r} says {from_name!r}; the entry must describe its file"
+                )
+        if w.get("yanked") not in (None, False) and not isinstance(w["yanked"], (bool, str)):
+            raise BadInput(f"manifest: wheels[{i}].yanked must be true, false or a reason "
+                           f"(a string), got {w['yanked']!r}")
         for j, t in enumerate(w["gpu_targets"]):
             if not isinstance(t, dict) or "cc" not in t:
                 raise BadInput(f"manifest: wheels[{i}].gpu_targets[{j}] needs 'cc'")
@@ -500,8 +576,18 @@ def validate_manifest(manifest: object) -> None:
                                    f"null or a list of compute capabilities, got {reach!r}")
                 for cc in reach:
                     _cc_of(cc, f"manifest: wheels[{i}].gpu_targets[{j}].ptx_serves")
-        _version_pair(w["torch"], f"manifest: wheels[{i}].torch")
-        _version_pair(w["cuda"], f"manifest: wheels[{i}].cuda")
+        for key, example in (("torch", "2.11.0+cu130"), ("cuda", "13.0")):
+            if not (isinstance(w[key], str) and re.match(r"^\d+\.\d+", w[key])):
+                raise BadInput(f"manifest: wheels[{i}].{key} must be a version such as "
+                               f"{example!r}, got {w[key]!r}")
+    # One release, one version: the wheels differ by their label, never by their version, so
+    # which version is newer never decides between them.
+    versions = {w["version"].partition("+")[0] for w in wheels}
+    if manifest.get("version") is not None:
+        versions.add(str(manifest["version"]))
+    if len(versions) > 1:
+        raise BadInput(f"manifest: wheels of several versions {sorted(versions)} (with the "
+                       "manifest's 'version'); a release manifest lists one version's wheels")
 
 
 # ---------------------------------------------------------------- matching rules (pure)
@@ -618,19 +704,68 @@ class Verdict:
     reason: str | None
     nearest: list[dict]
     cautions: list[str] = field(default_factory=list)  # the wheel fits, but read these first
+    todo: list[str] = field(default_factory=list)  # none fits: what to do about it
+
+
+def not_offered(w: dict, refused: set[str]) -> str | None:
+    """Why a manifest entry must never be offered, or None. A release publishes only wheels that
+    passed GPU validation; an entry that says otherwise (edited, or from another tool) is skipped."""
+    if w.get("yanked"):
+        return "yanked" + (f" ({w['yanked']})" if isinstance(w["yanked"], str) else "")
+    if w["filename"] in refused:
+        return "listed under 'refused' (not published)"
+    status = (w.get("validation") or {}).get("status")
+    if status != "passed":
+        return ("not validated (no validation record)" if status is None
+                else f"validation status {status!r}, not 'passed'")
+    return None
+
+
+def cuda_fits(wheel_cuda: str, torch_cuda: str | None) -> bool:
+    """A wheel built with CUDA X.Y loads under a torch built with CUDA X.anything: the runtime
+    guard's rule (sageattention/guard.py import_problem: the same CUDA major)."""
+    return torch_cuda is not None and (
+        _version_pair(wheel_cuda, "cuda")[0] == _version_pair(torch_cuda, "torch_cuda")[0]
+    )
+
+
+def _fmt_python(ws: list[dict]) -> str:
+    """The Python builds the wheels in ``ws`` are for: cp312, cp313t (free-threaded), cp39-abi3."""
+    names = set()
+    for w in ws:
+        for i, a, _ in _tags(w):
+            names.add(i if a in (i, "none") else i + "t" if a == i + "t" else f"{i}-{a}")
+    return ", ".join(sorted(names))
+
+
+def _source_build(manifest: dict) -> str:
+    version = manifest.get("version") or manifest["wheels"][0]["version"].partition("+")[0]
+    return (f"build from source against your torch: python -m pip install --no-build-isolation "
+            f"sageattention-{version}.tar.gz (the sdist; it compiles for the GPUs it sees, and "
+            f"stops naming what is missing; README.md, 'Installing from source')")
+
+
+def _torch_install(ws: list[dict]) -> str:
+    """The pip command for the torch of the newest (torch, CUDA) pair among ``ws``."""
+    t, c = max((_torch_pair(w), _version_pair(w["cuda"], "cuda")) for w in ws)
+    return (f'python -m pip install "torch=={t[0]}.{t[1]}.*" --index-url '
+            f"https://download.pytorch.org/whl/cu{c[0]}{c[1]}")
 
 
 def choose(manifest: dict, m: Machine) -> Verdict:
-    """The best wheel for ``m``, or the first requirement no wheel meets and the nearest wheels."""
-    wheels = list(manifest["wheels"])
-    if not wheels:
+    """The best wheel for ``m``, or the first requirement no wheel meets, the nearest wheels and
+    what to do. Only wheels that passed validation and are not yanked are ever offered."""
+    refused = {r.get("filename") for r in manifest.get("refused") or [] if isinstance(r, dict)}
+    listed = list(manifest["wheels"])
+    wheels = [w for w in listed if not_offered(w, refused) is None]
+    held_back = [w for w in listed if not_offered(w, refused) is not None]
+    if not listed:
         return Verdict(None, None, "the manifest lists no wheels", [])
 
-    def step(survivors, keep, why):
-        kept = [w for w in survivors if keep(w)]
-        return kept, (None if kept else why(survivors))
-
+    python = f"{_impl_name(m)} {m.python[0]}.{m.python[1]}" + (
+        "t (free-threaded)" if m.free_threaded else "")
     machine_pf = f"{m.os} {m.arch}{m.libc()}"
+    build = _source_build(manifest)
     steps = [
         (
             lambda w: wheel_platform_fits(w, m),
@@ -638,13 +773,15 @@ def choose(manifest: dict, m: Machine) -> Verdict:
                 f"no wheel for {machine_pf}; wheels exist for: "
                 + ", ".join(sorted({p for w in ws for _, _, p in _tags(w)}))
             ),
+            lambda ws: (
+                ["sageattention's kernels need an NVIDIA GPU under Linux or Windows"]
+                if m.os == "macos" else [build]
+            ),
         ),
         (
             lambda w: wheel_python_fits(w, m),
-            lambda ws: (
-                f"no wheel for {_impl_name(m)} {m.python[0]}.{m.python[1]} on {m.os}; "
-                "wheels exist for " + ", ".join(sorted({i for w in ws for i, _, _ in _tags(w)}))
-            ),
+            lambda ws: f"no wheel for {python} on {m.os}; wheels exist for {_fmt_python(ws)}",
+            lambda ws: [f"use a Python these wheels are for ({_fmt_python(ws)}), or {build}"],
         ),
         (
             lambda w: m.torch is not None,
@@ -655,20 +792,20 @@ def choose(manifest: dict, m: Machine) -> Verdict:
                 + _fmt_pairs({_version_pair(w["cuda"], "cuda") for w in ws})
                 + "), then run this again"
             ),
+            lambda ws: [f"install torch, for example: {_torch_install(ws)}; then run this again"],
         ),
         (
             lambda w: _torch_pair(w) == _version_pair(m.torch, "torch"),
             lambda ws: (
                 f"your torch is {'.'.join(map(str, _version_pair(m.torch, 'torch')))}; wheels for "
-                f"{m.os}/cp{m.python[0]}{m.python[1]} exist for torch "
+                f"{m.os}/{_fmt_python(ws)} exist for torch "
                 + _fmt_pairs({_torch_pair(w) for w in ws})
             ),
+            lambda ws: [f"install a torch these wheels are for, for example: "
+                        f"{_torch_install(ws)}", f"or {build}"],
         ),
         (
-            lambda w: (
-                m.torch_cuda is not None
-                and _version_pair(w["cuda"], "cuda") == _version_pair(m.torch_cuda, "torch_cuda")
-            ),
+            lambda w: cuda_fits(w["cuda"], m.torch_cuda),
             lambda ws: (
                 (
                     f"your torch {m.torch} is a ROCm (AMD GPU) build, which no wheel serves"
@@ -679,7 +816,12 @@ def choose(manifest: dict, m: Machine) -> Verdict:
                 )
                 + "; the wheels for it need a torch built with CUDA "
                 + _fmt_pairs({_version_pair(w["cuda"], "cuda") for w in ws})
+                + " (the same CUDA major version)"
             ),
+            lambda ws: [f"install a CUDA build of torch that these wheels are for: "
+                        f"{_torch_install(ws)}"]
+            + ([f"or {build} (with a CUDA toolkit of your torch's major version, "
+                f"{m.torch_cuda.split('.')[0]}.x)"] if m.torch_cuda else []),
         ),
         (
             lambda w: bool(m.gpus),
@@ -687,6 +829,8 @@ def choose(manifest: dict, m: Machine) -> Verdict:
                 "no NVIDIA GPU found (torch and nvidia-smi see none); these wheels need a GPU "
                 "of compute capability " + _fmt_targets(ws)
             ),
+            lambda ws: ["run this on the machine with the NVIDIA GPU (or describe it with "
+                        "--env-json)"],
         ),
         (
             lambda w: all(gpu_execution(w, g.cc) for g in m.gpus),
@@ -694,20 +838,59 @@ def choose(manifest: dict, m: Machine) -> Verdict:
                 "your GPU " + "; ".join(g.describe() for g in m.gpus) + " is not supported by "
                 "any wheel that fits the rest of this machine; they support compute capability "
                 + _fmt_targets(ws)
+                + (" (one wheel must serve every GPU: no wheel serves them all; "
+                   "CUDA_VISIBLE_DEVICES can hide the others)" if len(m.gpus) > 1 else "")
             ),
+            lambda ws: _gpu_todo(listed, m, build),
         ),
     ]
+
+    def fits(w: dict) -> bool:
+        return all(keep(w) for keep, _, _ in steps)
+
     survivors = wheels
-    for keep, why in steps:
-        kept, reason = step(survivors, keep, why)
-        if reason:
-            return Verdict(None, None, reason, survivors[:5])
+    for n, (keep, why, todo) in enumerate(steps):
+        kept = [w for w in survivors if keep(w)]
+        if not kept:
+            reason = why(survivors) if survivors else (
+                "no wheel in the manifest may be offered (a release publishes only wheels that "
+                "passed GPU validation)")
+            advice = todo(survivors) if survivors else []
+            fitting_held = [w for w in held_back if fits(w)]
+            if fitting_held:
+                reason += "; " + "; ".join(
+                    f"{w['filename']} would fit, but is not offered: {not_offered(w, refused)}"
+                    for w in fitting_held)
+            elif not survivors:
+                reason += ": " + "; ".join(
+                    f"{w['filename']}: {not_offered(w, refused)}" for w in held_back[:5])
+            def closeness(w: dict, rest=steps[n + 1:]) -> tuple:
+                met = 0  # how many of the later requirements it meets
+                for later_keep, _, _ in rest:
+                    try:
+                        met += bool(later_keep(w))
+                    except BadInput:  # a requirement that needs what this machine lacks
+                        pass
+                runs = [gpu_execution(w, g.cc) for g in m.gpus]
+                gpu_rank = max(r[0] for r in runs) if runs and all(runs) else 10**6
+                return (-met, gpu_rank, w["filename"])
+
+            nearest = sorted(survivors, key=closeness)[:5]
+            return Verdict(None, None, reason, nearest, [], advice)
+        if n == len(steps) - 2:
+            gpu_candidates = kept  # for the multi-GPU caution below
         survivors = kept
+
+    torch_cuda = _version_pair(m.torch_cuda, "torch_cuda")  # type: ignore[arg-type]
 
     def rank(w: dict):
         gpu_rank = max(gpu_execution(w, g.cc)[0] for g in m.gpus)  # type: ignore[index]
-        version = tuple(int(x) for x in re.findall(r"\d+", w["version"].split("+")[0]))
-        return (gpu_rank, tuple(-v for v in version), w["filename"])
+        cuda = _version_pair(w["cuda"], "cuda")
+        # the exact CUDA first, then the nearest older minor (built for less than torch has)
+        cuda_rank = (cuda != torch_cuda, cuda > torch_cuda, abs(cuda[1] - torch_cuda[1]))
+        # the highest build tag, as pip prefers it (PEP 427); none sorts below every number
+        build = parse_wheel_name(w["filename"]).build
+        return (gpu_rank, cuda_rank, -build[0] if build else 1, w["filename"])
 
     best = min(survivors, key=rank)
     execution = "; ".join(
@@ -724,7 +907,61 @@ def choose(manifest: dict, m: Machine) -> Verdict:
             f"error at import). Use a torch {pair}.x release, or build sageattention from source "
             f"against your torch"
         )
+    if _version_pair(best["cuda"], "cuda") != torch_cuda:
+        cautions.append(
+            f"this wheel is built with CUDA {best['cuda']} and your torch with CUDA "
+            f"{m.torch_cuda}: the same major version, which sageattention accepts (CUDA "
+            f"minor-version compatibility); no wheel here is built with CUDA {m.torch_cuda}"
+        )
+    if m.os == "linux" and m.glibc is None and m.musl is None:
+        needs = sorted(filter(None, (_glibc_needed(p) for _, _, p in _tags(best)
+                                     if platform_fits(p, m))))
+        if needs:
+            cautions.append(
+                f"this machine's C library is unknown; this wheel needs glibc "
+                f"{needs[0][0]}.{needs[0][1]} or newer (ldd --version shows yours)"
+            )
+    def native(w: dict, cc: tuple[int, int]) -> bool:
+        return (gpu_execution(w, cc) or (0, ""))[1].startswith("native")
+
+    for i, g in enumerate(m.gpus):
+        if len(m.gpus) > 1 and not native(best, g.cc):
+            native_there = [w for w in gpu_candidates if native(w, g.cc)]
+            if native_there:
+                cautions.append(
+                    f"GPU {i} ({g.name}) runs this wheel as PTX, because one wheel must serve "
+                    f"every GPU; {min(native_there, key=lambda w: w['filename'])['filename']} runs natively there: to use only GPU {i}, "
+                    f"run this again with CUDA_VISIBLE_DEVICES={i}"
+                )
+    for w in held_back:
+        if fits(w):
+            cautions.append(f"{w['filename']} would also fit, but is not offered: "
+                            f"{not_offered(w, refused)}")
     return Verdict(best, execution, None, [], cautions)
+
+
+def _gpu_todo(listed: list[dict], m: Machine, build: str) -> list[str]:
+    """What to do for GPUs no wheel serves. A GPU older than every target of the whole release is
+    said to be so; whether a source build serves it is the build's to say (its kernel families)."""
+    oldest = min(_cc_of(t["cc"], "cc") for w in listed for t in w["gpu_targets"])
+    older = [g for g in m.gpus if g.cc < oldest]
+    if older:
+        return [
+            f"no wheel of this release runs on compute capability "
+            f"{_fmt_pairs({g.cc for g in older})}: its oldest target is {oldest[0]}.{oldest[1]}",
+            f"or {build}; if no kernel family serves your GPU, use PyTorch's "
+            f"scaled_dot_product_attention",
+        ]
+    return [build]
+
+
+def _glibc_needed(platform_tag: str) -> tuple[int, int] | None:
+    """The glibc a manylinux platform tag needs (PEP 600), None for another tag."""
+    for legacy, glibc in _LEGACY_MANYLINUX.items():
+        if platform_tag.startswith(legacy + "_"):
+            return glibc
+    match = re.match(r"manylinux_(\d+)_(\d+)_", platform_tag)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 # PEP 440's pre-release (a/b/rc) and dev segments; the picker is standard-library only, so no
@@ -822,6 +1059,9 @@ def render_text(m: Machine, v: Verdict, commands: dict | None) -> str:
         if v.nearest:
             lines.append("Nearest options:")
             lines += [f"  {w['filename']}" for w in v.nearest]
+        if v.todo:
+            lines.append("What to do:")
+            lines += [f"  {t}" for t in v.todo]
     return "\n".join(lines)
 
 
@@ -890,6 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
                     "commands": commands,
                     "reason": verdict.reason,
                     "nearest": [w["filename"] for w in verdict.nearest],
+                    "what_to_do": verdict.todo,
                 },
                 indent=2,
             )

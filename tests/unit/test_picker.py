@@ -54,6 +54,7 @@ def _wheel(
         "gpu_targets": gpu_targets,
         "index": f"simple/{label}/",
         "validation": {
+            "status": "passed",
             "gpu_name": "Synthetic",
             "compute_capability": "9.0",
             "execution": "native",
@@ -314,7 +315,7 @@ def test_cli_found_prints_wheel_and_pip_uv_index_commands(tmp_path):
 
 
 def test_cli_says_a_ptx_jit_validation_checks_the_code_path_not_the_users_gpu(tmp_path):
-    wheel = {**WHEELS["t4_linux"], "validation": {"gpu_name": "NVIDIA H100", "compute_capability": "9.0",
+    wheel = {**WHEELS["t4_linux"], "validation": {"status": "passed", "gpu_name": "NVIDIA H100", "compute_capability": "9.0",
                                                   "execution": "ptx-jit", "checks_passed": 24,
                                                   "checks_failed": 0, "checks_skipped": 1}}
     res = _run(tmp_path, {**MANIFEST, "wheels": [wheel]}, machine())
@@ -346,12 +347,12 @@ def test_cli_json_and_none_fits_exit_code(tmp_path):
         (
             {**MANIFEST, "wheels": [{**WHEELS["ada"], "gpu_targets": 5}]},
             machine(),
-            "wheels[0].gpu_targets must be a list",
+            "wheels[0].gpu_targets must be a non-empty list",
         ),
         (
             {**MANIFEST, "wheels": [{**WHEELS["ada"], "url": 5}]},
             machine(),
-            "wheels[0].url must be a string",
+            "wheels[0].url must be a non-empty string",
         ),
         ({**MANIFEST, "index": "x"}, machine(), "'index' must be an object"),
         (
