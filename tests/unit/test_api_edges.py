@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from exception_chain import chain_text
 
 import sageattention as sa
 
@@ -19,13 +20,6 @@ def qkv(b=1, hq=4, hkv=2, nq=24, nk=40, d=32, dtype=torch.float32):
     g = torch.Generator().manual_seed(11)
     return tuple(torch.randn(b, h, n, d, generator=g, dtype=dtype) for h, n in ((hq, nq), (hkv, nk), (hkv, nk)))
 
-
-def _chain(exc: BaseException) -> str:
-    texts = []
-    while exc is not None:
-        texts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(texts)
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +42,7 @@ def test_triton_function_refuses_a_0d_number_tensor_where_upstream_has_sm_scale(
                        fullgraph=True, backend="eager")
     with pytest.raises(Exception) as info:
         fn(q, k, v)
-    assert "7th is sm_scale" in _chain(info.value)
+    assert "7th is sm_scale" in chain_text(info.value)
 
 
 def test_triton_function_still_takes_masks_of_any_other_shape():
@@ -73,7 +67,7 @@ def test_an_int_beyond_float_range_is_the_same_value_error_compiled(name, huge):
         fn(q, k, v, **{key: huge})
     with pytest.raises(Exception) as info:
         torch.compile(lambda q, k, v: fn(q, k, v, **{key: huge}), fullgraph=True, backend="eager")(q, k, v)
-    assert "too large for a float" in _chain(info.value) and "InternalTorchDynamo" not in _chain(info.value)
+    assert "too large for a float" in chain_text(info.value) and "InternalTorchDynamo" not in chain_text(info.value)
 
 
 def test_the_largest_int_a_float_takes_is_still_a_scale():
@@ -128,7 +122,7 @@ def test_bad_numpy_and_tensor_scales_are_the_eager_errors_compiled(bad, match):
         sa.sageattn(q, k, v, sm_scale=bad)
     with pytest.raises(Exception) as info:
         torch.compile(lambda q, k, v: sa.sageattn(q, k, v, sm_scale=bad), fullgraph=True, backend="eager")(q, k, v)
-    assert match.split(" ")[-1] in _chain(info.value)
+    assert match.split(" ")[-1] in chain_text(info.value)
 
 
 # --- 4. torch.autocast around the SDPA fallback ---------------------------------------------------

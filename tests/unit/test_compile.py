@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from exception_chain import chain_text
 
 import sageattention as sa
 from sageattention import inputs, traced
@@ -77,14 +78,6 @@ def test_bad_input_still_names_the_problem_while_tracing():
     with pytest.raises(Exception, match="head dims differ"):
         fn(q, k, v)
 
-
-def _chain(exc: BaseException) -> str:
-    """An exception's text and its causes' (dynamo raises its own, with the user's as the cause)."""
-    texts = []
-    while exc is not None:
-        texts.append(f"{type(exc).__name__}: {exc}")
-        exc = exc.__cause__ or exc.__context__
-    return " <- ".join(texts)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
@@ -158,7 +151,7 @@ def test_grad_inputs_with_a_forced_quantized_backend_still_refuse_under_fullgrap
     fn = torch.compile(lambda q, k, v: sa.sageattn(q, k, v), fullgraph=True, backend="eager")
     with sa.force_backend("triton-fp16"), pytest.raises(Exception) as info:
         fn(q, k, v)
-    assert "forced" in _chain(info.value) and "require grad" in _chain(info.value)
+    assert "forced" in chain_text(info.value) and "require grad" in chain_text(info.value)
     with sa.force_backend("sdpa"):
         torch.testing.assert_close(fn(q, k, v), sa.sageattn(q, k, v))
 
@@ -168,7 +161,7 @@ def test_bad_grad_input_still_names_the_problem_under_fullgraph():
     fn = torch.compile(lambda q, k, v: sa.sageattn(q, k[..., :16], v), fullgraph=True, backend="eager")
     with pytest.raises(Exception) as info:
         fn(q, k, v)
-    assert "head dims differ" in _chain(info.value)
+    assert "head dims differ" in chain_text(info.value)
 
 
 def test_the_op_passes_opcheck():
@@ -200,7 +193,7 @@ def test_sm_scale_and_the_same_scale_trace_with_fullgraph():
                        backend="eager")
     with pytest.raises(Exception) as info:
         fn(q, k, v)
-    assert "sm_scale=0.25 and scale=0.5 disagree" in _chain(info.value)
+    assert "sm_scale=0.25 and scale=0.5 disagree" in chain_text(info.value)
 
 
 # --- the other five functions: one generic op --------------------------------------------------

@@ -166,8 +166,17 @@ def test_triton_function_names_a_scale_passed_by_upstreams_position(scale):
 
 def test_masks_that_broadcast_are_accepted():
     problem = inputs.check_qkv(*qkv(b=2), "HND")
+    target = (problem.batch, problem.q_heads, problem.q_len, problem.kv_len)
+    g = torch.Generator().manual_seed(0)
     for shape in [(16,), (16, 16), (1, 16, 16), (2, 1, 1, 16), (2, 2, 16, 16)]:
-        assert inputs.check_mask(torch.ones(shape, dtype=torch.bool), problem, False) is not None
+        mask = torch.rand(shape, generator=g) > 0.5
+        out = inputs.check_mask(mask, problem, False)
+        # the same mask, at least 2-D (torch's SDPA indexes dim -2), broadcasting to the same values
+        assert out.dtype == torch.bool and out.dim() == max(2, mask.dim())
+        assert torch.equal(out.expand(target), mask.expand(target))
+    additive = torch.randn(16, 16, dtype=torch.float32, generator=g)
+    assert inputs.check_mask(additive, problem, False) is additive  # nothing to reshape: as given
+    assert inputs.check_mask(None, problem, False) is None
 
 
 def varlen_inputs(lens_q=(5, 7), lens_k=(6, 9), hq=2, hkv=1, d=64):

@@ -43,12 +43,30 @@ def test_label_parse_accepts_normalized_separators():
     assert LocalLabel.parse("SM80-sm90_torch2.14cu130") == LocalLabel((80, 90), (2, 14), (13, 0))
 
 
-@pytest.mark.parametrize("bad", ["sm75", "torch2.12cu130", "sm75.torch2cu130",
-                                 "sm90.sm80.torch2.14cu130", "sm80.sm80.torch2.14cu130",
-                                 "cpu.torch2.14cu130", ""])
-def test_label_parse_rejects_non_canonical_or_foreign_labels(bad):
-    with pytest.raises(ValueError):
+NOT_A_LABEL = "not a sageattention local label"
+NOT_ASCENDING = r"label SMs must be ascending and unique"
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("sm75", NOT_A_LABEL), ("torch2.12cu130", NOT_A_LABEL), ("sm75.torch2cu130", NOT_A_LABEL),
+    ("cpu.torch2.14cu130", NOT_A_LABEL), ("", NOT_A_LABEL), ("sm80.torch2.14", NOT_A_LABEL),
+    ("sm90.sm80.torch2.14cu130", NOT_ASCENDING + r", got \[90, 80\]"),
+    ("sm80.sm80.torch2.14cu130", NOT_ASCENDING + r", got \[80, 80\]"),
+])
+def test_label_parse_rejects_non_canonical_or_foreign_labels(bad, why):
+    # each is refused for its own reason: a string that is not a label at all, or a label whose
+    # SMs are out of order or repeated (which would give one wheel two names)
+    with pytest.raises(ValueError, match=why):
         LocalLabel.parse(bad)
+
+
+def test_label_construction_refuses_what_it_cannot_spell():
+    with pytest.raises(ValueError, match="at least one SM"):
+        LocalLabel((), (2, 14), (13, 0))
+    with pytest.raises(ValueError, match="CUDA minor version must be one digit, got 10"):
+        LocalLabel.create((80,), "2.14", "12.10")
+    # create sorts and de-duplicates what it is given, so its labels always parse back
+    assert str(LocalLabel.create((90, 80, 90), "2.14.1", "13.0")) == "sm80.sm90.torch2.14cu130"
 
 
 def test_wheel_name_parses_back_to_its_cell():

@@ -488,6 +488,12 @@ def test_target_runs_on_rules():
     assert sm90a.runs_on((9, 0)) == "native" and sm90a.runs_on((10, 0)) is None
     sm89p = release.replace(release.parse_gpu_target("sm89+PTX"), ptx_serves=((8, 9), (9, 0)))
     assert sm89p.runs_on((9, 0)) == "ptx-jit" and sm89p.runs_on((12, 0)) is None
+    # neither SASS nor PTX runs on a GPU older than its target: PTX JIT-compiles forward only
+    sm86p = release.parse_gpu_target("sm86+PTX")
+    assert sm86p.runs_on((8, 6)) == "native" and sm86p.runs_on((8, 9)) == "native"
+    assert sm86p.runs_on((9, 0)) == "ptx-jit"
+    assert sm86p.runs_on((8, 0)) is None and sm75p.runs_on((7, 0)) is None
+    assert release.parse_gpu_target("sm86").runs_on((8, 0)) is None
 
 
 @pytest.mark.parametrize(

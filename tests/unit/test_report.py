@@ -591,10 +591,14 @@ def test_gpu_runner_script_without_cells_prints_its_whole_usage(tmp_path):
     for line in script.read_text().splitlines()[1:]:
         if not line.startswith("#"):
             break
-        header.append(line)
+        header.append(line.removeprefix("#").removeprefix(" "))
     assert res.stdout.splitlines() == header
     assert res.stdout.rstrip().endswith("to regenerate the notes.")
     assert not list(tmp_path.iterdir())  # nothing built, no $OUT made
+    helped = subprocess.run(["bash", str(script), "--help"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout == res.stdout   # --help is no cell id
+    assert not list(tmp_path.iterdir())
 
 
 # -- honesty: a report states only what its own run shows -------------------------------------

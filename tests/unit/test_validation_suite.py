@@ -378,6 +378,20 @@ def test_sass_runs_on_a_newer_minor_of_the_same_major():
     assert e.execution == "native" and e.names == ["cuda-sm80-fp16"]
 
 
+def test_sass_never_runs_on_an_older_minor_or_another_major():
+    # SASS is forward-compatible only within a major, from its own minor up (CUDA's rule): an sm86
+    # wheel without PTX has nothing to run on an sm80 GPU, nor an sm80 wheel on sm90
+    from sageattention.validation.expectation import sass_runs_on
+    runs = {(t, g) for t in (75, 80, 86, 89, 90) for g in (75, 80, 86, 89, 90, 100) if sass_runs_on(t, g)}
+    assert runs == {(75, 75), (80, 80), (80, 86), (80, 89), (86, 86), (86, 89), (89, 89), (90, 90)}
+    build = {**SM90_BUILD, "sm_targets": ["sm86"], "families": ["sm80"]}
+    with pytest.raises(NoNativeCode, match=r"this build has no kernel for .*SM targets \['sm86'\]"):
+        expect(gpu_sm=80, families_table=FAMILIES, build_info=build, available={})
+    build = {**SM90_BUILD, "sm_targets": ["sm80"], "families": ["sm80"]}
+    with pytest.raises(NoNativeCode, match=r"this build has no kernel for .*SM targets \['sm80'\]"):
+        expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
+
+
 def test_ptx_listed_in_build_info_counts():
     build = {**SM75_BUILD, "sm_targets": ["sm75"], "ptx": ["compute_75"]}
     e = expect(gpu_sm=90, families_table=FAMILIES, build_info=build, available={})
