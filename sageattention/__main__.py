@@ -1,7 +1,8 @@
 """``python -m sageattention``: build info, environment and a verdict.
 
 Exit status 0 when this build can run here (or there is no GPU to check against), 1 when
-it cannot, so scripts can use it as a check.
+it cannot (torch/CUDA mismatch, a kernel family of the wheel that does not load, a GPU its
+targets cannot serve, a bad SAGEATTENTION_* variable), so scripts can use it as a check.
 """
 
 from __future__ import annotations
@@ -21,16 +22,34 @@ def _environment() -> dict:
            "platform": platform.platform(), "torch": None, "torch_cuda": None, "gpus": []}
     try:
         import torch
-    except ImportError as exc:
-        env["torch_error"] = str(exc)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or an OSError from a CUDA library
+        env["torch_error"] = f"{type(exc).__name__}: {exc}"
         return env
-    env["torch"], env["torch_cuda"] = torch.__version__, torch.version.cuda
-    if torch.version.cuda and torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            major, minor = torch.cuda.get_device_capability(i)
-            env["gpus"].append({"index": i, "name": torch.cuda.get_device_name(i),
-                                "capability": f"{major}.{minor}"})
+    env["torch"], env["torch_cuda"] = str(torch.__version__), torch.version.cuda
+    try:
+        if torch.version.cuda and torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                major, minor = torch.cuda.get_device_capability(i)
+                env["gpus"].append({"index": i, "name": torch.cuda.get_device_name(i),
+                                    "capability": f"{major}.{minor}"})
+    except Exception as exc:  # noqa: BLE001 - a driver too old for this torch's CUDA, say
+        env["gpu_error"] = f"{type(exc).__name__}: {exc}"
     return env
+
+
+def _native_status(info: dict | None, env: dict) -> dict | None:
+    """Each of the wheel's kernel families -> None (its extension loads) or why not; None where
+    loading is not tried: a source checkout, no torch, or a torch the build does not match
+    (loading a mismatched extension can do worse than raise)."""
+    if info is None or env["torch"] is None:
+        return None
+    if guard.import_problem(info, env["torch"], env["torch_cuda"]) is not None:
+        return None
+    from . import native
+
+    status = native.available_families()
+    return {family: status.get(family, "not a known kernel family")
+            for family in info.get("families") or []}
 
 
 def dispatch_summary(capability: tuple[int, int], gpu_name: str | None = None) -> str:
@@ -66,10 +85,25 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
     if problem:
         ok = False
         lines.append("MISMATCH: " + problem)
+        lines.append("import sageattention raises IncompatibleBuildError here (only this "
+                     "command imports past it)")
     else:
         lines.append(f"torch {env['torch']} (CUDA {env['torch_cuda']}) matches this build")
-    if not env["gpus"]:
-        lines.append("no CUDA GPU visible: GPU check skipped")
+        caveat = guard.import_caveat(info, env["torch"])
+        if caveat:
+            lines.append("note: " + caveat)
+    for family, reason in (env.get("native") or {}).items():
+        if reason is None:
+            lines.append(f"native family {family}: loads")
+        else:  # a family the wheel carries cannot load: its backends fall back
+            ok = False
+            lines.append(f"BROKEN: native family {family} does not load: {reason}")
+    if env.get("gpu_error"):
+        lines.append(f"CUDA GPUs could not be queried ({env['gpu_error']}): GPU check skipped; "
+                     "sageattn runs PyTorch SDPA on CPU tensors")
+    elif not env["gpus"]:
+        lines.append("no CUDA GPU visible: GPU check skipped; sageattn runs PyTorch SDPA on "
+                     "CPU tensors")
     for gpu in env["gpus"]:
         cap = tuple(int(x) for x in gpu["capability"].split("."))
         how = guard.served_by(info, cap)
@@ -93,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     info = build_info.load()
     env = _environment()
+    env["native"] = _native_status(info, env)
     ok, lines = verdict(info, env)
     if env["torch"] is not None:
         from . import dispatch

@@ -108,7 +108,9 @@ class DamagedInstallError(ImportError):
 @functools.lru_cache(maxsize=1)
 def load() -> dict[str, Any] | None:
     """The wheel's build info, or ``None`` in a source checkout (no build info file).
-    DamagedInstallError when the file is there but is not build info."""
+    DamagedInstallError when the file is there but is not build info: not JSON, or a field the
+    guard reads (:func:`field_problem`) missing or malformed, which was a KeyError or ValueError
+    traceback at ``import sageattention``."""
     try:
         where = resources.files(__package__).joinpath(BUILD_INFO_FILE)
         text = where.read_text("utf-8")
@@ -120,12 +122,70 @@ def load() -> dict[str, Any] | None:
         problem = f"is not valid JSON ({exc})"
     else:
         if isinstance(info, dict) and "version" in info:
-            return info
-        problem = ("has no 'version' field" if isinstance(info, dict)
-                   else f"holds a JSON {type(info).__name__}, not an object")
+            problem = field_problem(info)
+            if problem is None:
+                return info
+        else:
+            problem = ("has no 'version' field" if isinstance(info, dict)
+                       else f"holds a JSON {type(info).__name__}, not an object")
     raise DamagedInstallError(
         f"{where} {problem}: this sageattention installation is damaged. Reinstall the wheel: "
         "pip install --force-reinstall --no-deps <the sageattention .whl file you installed>")
+
+
+# What the guard and the loader read, and what each must look like. Other fields (those
+# scripts/factory/buildinfo.py adds later, say) are kept and ignored.
+_FIELDS = {
+    "version": "a version such as '2.2.0+sm80.torch2.11cu130'",
+    "local_label": "a label such as 'sm80.sm90.torch2.11cu130'",
+    "torch": "the torch version it was built against, such as '2.11.0+cu130'",
+    "cuda": "the CUDA version of that torch, such as '13.0'",
+    "sm_targets": "a non-empty list of SM targets such as ['sm80', 'sm90+PTX']",
+    "families": "a list of kernel family names such as ['sm80', 'sm89'] (or absent)",
+    "ptx": "a list of embedded PTX such as ['compute_75'] (or absent)",
+}
+
+
+def _field_ok(key: str, value: Any) -> bool:
+    if key in ("version", "local_label", "torch", "cuda"):
+        if not isinstance(value, str) or not value.strip():
+            return False
+        try:
+            if key == "local_label":
+                LocalLabel.parse(value)
+            elif key in ("torch", "cuda"):
+                _major_minor(value, key)
+        except ValueError:
+            return False
+        return True
+    if key in ("families", "ptx") and value is None:
+        return True
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return False
+    if key == "sm_targets":
+        # the guard's and the validation suite's rule for a target (validation/expectation.py)
+        from .validation.expectation import parse_target
+
+        try:
+            return bool(value) and all(parse_target(v) for v in value)
+        except ValueError:
+            return False
+    if key == "ptx":
+        return all(re.fullmatch(r"compute_\d{2,3}[af]?", v) for v in value)
+    return True
+
+
+def field_problem(info: dict[str, Any]) -> str | None:
+    """Why ``info`` is not build info the guard can read (a field missing or malformed), or None."""
+    for key, expected in _FIELDS.items():
+        optional = key in ("families", "ptx")
+        if key not in info:
+            if optional:
+                continue
+            return f"has no {key!r} field (expected {expected})"
+        if not _field_ok(key, info[key]):
+            return f"has {key!r} = {info[key]!r} (expected {expected})"
+    return None
 
 
 def package_version() -> str:

@@ -7,6 +7,7 @@ to install instead. Without build info (a source checkout) every check is a no-o
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 from typing import Any, Mapping
@@ -29,8 +30,22 @@ def _torch_facts() -> tuple[str, str | None]:
 
 
 def _major_minor(version: str) -> tuple[int, int]:
-    parts = version.split("+")[0].split(".")
-    return int(parts[0]), int(parts[1])
+    return build_info._major_minor(version, "torch")  # the label's rule: 2.11.0a0+git -> (2, 11)
+
+
+def _target_sms(info: Mapping[str, Any]) -> list[int]:
+    """The SM numbers of the build info's ``sm_targets`` ('sm75+PTX' -> 75, 'sm90a' -> 90)."""
+    from .validation.expectation import parse_target
+
+    return [parse_target(t).sm for t in info.get("sm_targets", [])]
+
+
+def _is_release(torch_version: str) -> bool:
+    """A released torch (2.11.0, 2.11.1+cu130), not a pre-release, nightly or source build
+    (2.11.0a0+git1234, 2.12.0.dev20260301+cu130), whose ABI is not the release's."""
+    base, _, local = torch_version.partition("+")
+    return re.fullmatch(r"\d+\.\d+(\.\d+)*", base.strip()) is not None and \
+        not local.lower().startswith("git")
 
 
 def _platform_tag(info: Mapping[str, Any]) -> str:
@@ -65,11 +80,15 @@ def suggested_wheel(info: Mapping[str, Any], *, sms: list[int] | None = None,
     return build_info.wheel_filename(label, _python_tag(), _platform_tag(info), base)
 
 
-def _how_to_get(wheel: str, sms: list[int]) -> str:
+def _build_here(sms: list[int]) -> str:
     targets = ";".join(f"sm{s}" for s in sms)
+    return (f"SAGEATTENTION_SM_TARGETS='{targets}' pip install --no-build-isolation "
+            "sageattention-<version>.tar.gz")
+
+
+def _how_to_get(wheel: str, sms: list[int]) -> str:
     return (f"Install {wheel} instead (pick it from a release with scripts/pick_wheel.py), or "
-            f"build one here: SAGEATTENTION_SM_TARGETS='{targets}' pip install "
-            "--no-build-isolation sageattention-<version>.tar.gz")
+            f"build one here: {_build_here(sms)}")
 
 
 def import_problem(info: Mapping[str, Any] | None, torch_version: str,
@@ -79,8 +98,18 @@ def import_problem(info: Mapping[str, Any] | None, torch_version: str,
         return None
     built_torch = _major_minor(str(info["torch"]))
     built_cuda = str(info["cuda"])
-    sms = [int(t.split("+")[0][2:]) for t in info["sm_targets"]]
+    sms = _target_sms(info)
     name = f"sageattention {info['version']}"
+    try:
+        running = _major_minor(str(torch_version))
+        running_cuda = None if torch_cuda is None else build_info._major_minor(torch_cuda, "CUDA")
+    except ValueError:  # was a ValueError or IndexError traceback at import
+        return (f"{name} was built for torch {built_torch[0]}.{built_torch[1]} with CUDA "
+                f"{built_cuda}, but the installed torch reports version {torch_version!r} "
+                f"(torch.version.cuda {torch_cuda!r}), not 'X.Y[.Z]' and 'X.Y': this guard cannot "
+                f"tell whether its compiled kernels load here. Install torch=="
+                f"{built_torch[0]}.{built_torch[1]}.* built for CUDA {built_cuda} (for example "
+                f"from https://download.pytorch.org/whl/cu{built_cuda.replace('.', '')}).")
     if torch_cuda is None:  # torch.version.cuda is None for a CPU and for a ROCm build
         kind = build_info.torch_without_cuda(torch_version)
         return (f"{name} was built for torch {built_torch[0]}.{built_torch[1]} with CUDA "
@@ -89,15 +118,62 @@ def import_problem(info: Mapping[str, Any] | None, torch_version: str,
                 f" (for example from https://download.pytorch.org/whl/cu"
                 f"{built_cuda.replace('.', '')}).")
     problems = []
-    if _major_minor(torch_version) != built_torch:
+    if running != built_torch:
         problems.append(f"torch {built_torch[0]}.{built_torch[1]} (installed: {torch_version})")
-    if int(torch_cuda.split(".")[0]) != int(built_cuda.split(".")[0]):
+    if running_cuda[0] != build_info._major_minor(built_cuda, "CUDA")[0]:
         problems.append(f"CUDA {built_cuda} (installed torch uses CUDA {torch_cuda})")
     if not problems:
         return None
     wheel = suggested_wheel(info, torch_version=torch_version, cuda=torch_cuda)
     return (f"{name} was built for {' and '.join(problems)}; its compiled kernels cannot load "
             f"here. {_how_to_get(wheel, sms)}")
+
+
+def import_caveat(info: Mapping[str, Any] | None, torch_version: str) -> str | None:
+    """A note, not a mismatch: the installed torch has the build's major.minor but is a
+    pre-release, nightly or source build (2.11.0a0+git1234, as in NVIDIA's containers), whose
+    ABI may differ from the release the wheel was built against. None when there is nothing to
+    say (a release, or a source checkout)."""
+    if info is None or _is_release(str(torch_version)) or not _is_release(str(info["torch"])):
+        return None
+    built = str(info["torch"]).split("+")[0]
+    return (f"torch {torch_version} is a pre-release or source build of torch "
+            f"{'.'.join(map(str, _major_minor(built)))}; sageattention {info['version']} was "
+            f"built against the release torch {info['torch']}, so its compiled kernels may fail "
+            f"to load (undefined symbol). sageattn then uses the other backends (Triton, PyTorch "
+            f"SDPA); for the native kernels install torch=={built} or build sageattention "
+            f"against this torch: {_build_here(_target_sms(info))}")
+
+
+def load_failure(info: Mapping[str, Any] | None, torch_version: str, torch_cuda: str | None,
+                 extension: str, error: BaseException) -> str:
+    """What to say when ``extension`` is in this installation but cannot be loaded (an OSError
+    or ImportError such as ``undefined symbol: ...``): the wheel's torch, the running torch,
+    and what to install."""
+    running = f"torch {torch_version} (CUDA {torch_cuda})"
+    what = f"{extension} could not be loaded ({type(error).__name__}: {error})"
+    if info is None:
+        return (f"{what}: it was compiled in place against another torch or CUDA than the "
+                f"running {running}. Rebuild it against this torch: pip install "
+                "--no-build-isolation .")
+    built = f"torch {info['torch']} (CUDA {info['cuda']})"
+    head = (f"{what}: sageattention {info['version']} was built against {built}, the running "
+            f"torch is {torch_version} (CUDA {torch_cuda}).")
+    problem = import_problem(info, torch_version, torch_cuda)
+    if problem is not None:
+        return f"{head} {problem}"
+    release = str(info["torch"]).split("+")[0]
+    if str(torch_version).split("+")[0] == release:
+        return (f"{head} That is the same torch, so a library the extension needs is missing or "
+                "another version of it was loaded first (LD_LIBRARY_PATH, a second CUDA runtime "
+                "imported before torch): check that torch's CUDA libraries (the nvidia-* "
+                "packages) are installed, then reinstall the wheel: pip install "
+                "--force-reinstall --no-deps <the sageattention .whl file you installed>. Until "
+                "then sageattn uses the other backends (Triton, PyTorch SDPA).")
+    return (f"{head} Its compiled code needs that torch build: install torch=={release} for "
+            f"CUDA {info['cuda']}, or build sageattention against this torch: "
+            f"{_build_here(_target_sms(info))}. Until then sageattn uses the other backends "
+            f"(Triton, PyTorch SDPA).")
 
 
 def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | None:
@@ -108,8 +184,7 @@ def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | Non
     families serve (compute_89 PTX runs on an sm90 GPU, not on an sm120 one)."""
     major, minor = capability
     device = major * 10 + minor
-    for target in info.get("sm_targets", []):
-        sm = int(target.split("+")[0][2:])
+    for sm in _target_sms(info):
         if sm // 10 == major and sm % 10 <= minor:
             return f"sm{sm} SASS"
     from .backends import load_families
@@ -119,7 +194,7 @@ def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | Non
     # Build info without its families (written before they were recorded): PTX reaches every
     # newer GPU, as the driver would run it.
     families = load_families() if wheel_families else None
-    for ptx in sorted(info.get("ptx", []), reverse=True):
+    for ptx in sorted(info.get("ptx") or [], reverse=True):
         ptx_sm = int(ptx.split("_")[1])
         reach = None if families is None else wheel_ptx_serves(families, wheel_families, ptx_sm)
         if ptx_runs_on(reach, ptx_sm, device):
@@ -133,19 +208,31 @@ def device_problem(info: Mapping[str, Any] | None, capability: tuple[int, int],
         return None
     sm = capability[0] * 10 + capability[1]
     targets = ", ".join(info.get("sm_targets", [])) or "none"
-    ptx = ", ".join(info.get("ptx", [])) or "none"
+    ptx = ", ".join(info.get("ptx") or []) or "none"
+    head = (f"sageattention {info['version']} has kernels for {targets} (embedded PTX: {ptx}),"
+            f" which cannot run on {device_name} (sm{sm}).")
     sms = _targets_that_run_on(sm)
+    if sms is None:  # older than every family: it named a wheel (sm61) that cannot exist
+        return (f"{head} No sageattention kernel family runs on sm{sm}: the oldest GPU they "
+                f"serve is sm{_oldest_served()}, so no wheel has native kernels for it. Use "
+                "sageattn, which runs PyTorch SDPA there (and the Triton kernels where they "
+                "run), instead of a native kernel function or a forced native backend.")
     wheel = suggested_wheel(info, sms=sms)
     via = "" if sms == [sm] else (f" No kernel family is built for sm{sm}; the sm{sms[0]} "
                                   f"family's embedded PTX runs there.")
-    return (f"sageattention {info['version']} has kernels for {targets} (embedded PTX: {ptx}),"
-            f" which cannot run on {device_name} (sm{sm}).{via} {_how_to_get(wheel, sms)}")
+    return f"{head}{via} {_how_to_get(wheel, sms)}"
 
 
-def _targets_that_run_on(sm: int) -> list[int]:
+def _oldest_served() -> int:
+    from .backends import load_families
+
+    return min(int(s[2:]) for spec in load_families().values() for s in spec.get("serves", []))
+
+
+def _targets_that_run_on(sm: int) -> list[int] | None:
     """The SM target a wheel for a GPU of ``sm`` is built for: ``sm`` itself where a kernel
     family serves it, else the newest family whose embed_ptx runs there (an sm120 GPU: sm75,
-    whose compute_75 PTX the driver compiles), else ``sm`` (the build then says what is missing)."""
+    whose compute_75 PTX the driver compiles), else None (a GPU older than every family)."""
     from .backends import load_families
 
     from .validation.expectation import newest_embedded_ptx
@@ -155,7 +242,7 @@ def _targets_that_run_on(sm: int) -> list[int]:
         return [sm]
     ptx = newest_embedded_ptx((int(spec["embed_ptx"].split("_")[1]) for spec in families.values()
                                if spec.get("embed_ptx")), sm)
-    return [ptx if ptx is not None else sm]
+    return None if ptx is None else [ptx]
 
 
 def _running_diagnostics() -> bool:

@@ -64,6 +64,8 @@ def _load(family: str) -> str | None:
         module.load()
     except ImportError as exc:
         return str(exc)
+    except Exception as exc:  # noqa: BLE001 - e.g. registering the fakes; one family, not all
+        return f"{__name__}.{family} failed to load ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -168,14 +170,34 @@ def check_quant_mean(x, mean, tensor_layout: str) -> None:
 
 def import_extension(extension: str, family: str) -> None:
     """Import one family's compiled extension (which registers its ops), or raise ImportError
-    saying why it is not usable here."""
+    saying why it is not usable here: not in this wheel, missing from it, or not loadable with
+    the running torch (``undefined symbol``: the wheel's torch, the running torch, what to
+    install). Any failure of the import is caught, an OSError from a dependent library too:
+    it was a traceback out of the dispatcher, which then counted every family unusable."""
     try:
         importlib.import_module(extension)
-    except ImportError as exc:  # a missing module, or a library/ABI mismatch (undefined symbol)
-        raise ImportError(
-            f"{extension} is not in this installation (the wheel was built without {family}-family "
-            f"targets, or for another torch/CUDA): {exc}"
-        ) from exc
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raises, say it in words
+        raise ImportError(_unusable(extension, family, exc)) from exc
+
+
+def _unusable(extension: str, family: str, exc: BaseException) -> str:
+    from .. import build_info, guard
+
+    info = build_info.load()
+    if not (isinstance(exc, ModuleNotFoundError) and exc.name == extension):
+        return guard.load_failure(info, *guard._torch_facts(), extension, exc)
+    families = None if info is None else info.get("families")
+    if families is None:  # a source checkout, or build info from before families were recorded
+        return (f"{extension} is not in this installation (the wheel was built without "
+                f"{family}-family targets, or for another torch/CUDA): {exc}")
+    if family not in families:
+        return (f"{extension} is not in this installation: sageattention {info['version']} was "
+                f"built without {family}-family targets (its families: "
+                f"{', '.join(families) or 'none'})")
+    return (f"{extension} is missing from this installation although sageattention "
+            f"{info['version']} lists the {family} family: the installation is damaged. "
+            "Reinstall the wheel: pip install --force-reinstall --no-deps <the sageattention "
+            ".whl file you installed>")
 
 
 class ExtensionLoader:
