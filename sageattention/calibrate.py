@@ -135,8 +135,14 @@ def _case_of(row: dict) -> Case:
 
 def _significant(ms: float) -> float:
     """Four significant digits: more is noise, and fewer changed digits keep regenerated tables diffable.
-    What is not a number is kept as it is, for calibration.dumps to refuse by name."""
-    return float(f"{ms:.4g}") if isinstance(ms, (int, float)) and not isinstance(ms, bool) else ms
+    What is not a number (or no float: an integer past its range) is kept as it is, for
+    calibration.dumps to refuse by name."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        return ms
+    try:
+        return float(f"{ms:.4g}")
+    except OverflowError:
+        return ms
 
 
 def _capability(text, where: str) -> list[int]:
@@ -169,6 +175,16 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
     for key in ("compute_capability", "gpu_name", "torch", "date", "command"):
         if not env.get(key):
             raise BenchmarkFormatError(f"{source}: environment.{key} is missing or empty")
+    for key in ("gpu_name", "torch", "date", "command"):
+        if not isinstance(env[key], str) or not env[key].strip():
+            raise BenchmarkFormatError(f"{source}: environment.{key} must be a non-empty string, "
+                                       f"got {env[key]!r:.60}")
+    if per_model:
+        try:
+            calibration.model_slug(env["gpu_name"])
+        except ValueError as exc:
+            raise BenchmarkFormatError(f"{source}: environment.gpu_name: {exc}; write the "
+                                       "capability's table (sm<major><minor>.json) instead") from exc
     rows = perf.get("cases")
     if not isinstance(rows, list) or not rows:
         raise BenchmarkFormatError(f"{source}: no benchmark 'cases'")
@@ -399,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         named = calibration.parse_file_name(out.name)
         table = table_from_benchmark(doc, argv=argv, source=source,
                                      per_model=named is not None and named[1] is not None)
-        text = calibration.dumps(table)
+        # entries[i] of the table is cases[i] of the benchmark
+        text = calibration.dumps(table, source=f"built from the cases of {source}")
     except (BenchmarkFormatError, calibration.CalibrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -27,8 +27,11 @@ __all__ = ["BackendChoice", "BackendUnavailableError", "Inventory", "Request", "
            "select_backend", "use_calibration"]
 
 ENV_VAR = "SAGEATTENTION_BACKEND"
-CALIBRATION_ENV_VAR = "SAGEATTENTION_CALIBRATION"
+CALIBRATION_ENV_VAR = calibration.ENV_VAR
 CALIBRATION_VALUES = ("on", "off")  # the first is the default
+# Words people write for on and off elsewhere: refused (a file of that name aside), with a hint.
+_CALIBRATION_SYNONYMS = {**dict.fromkeys(("1", "true", "yes", "y", "enable", "enabled"), "on"),
+                         **dict.fromkeys(("0", "false", "no", "n", "disable", "disabled", "none"), "off")}
 # Every reason for choosing SDPA because it was measured faster opens with this; such a choice is a
 # speed decision, not a fallback the user should act on, so log_once logs it at INFO, not WARNING.
 SDPA_FASTER = "SDPA is faster for this shape"
@@ -293,16 +296,21 @@ def use_calibration(enabled: bool):
 def _calibration_setting(env=None) -> tuple[bool, str | None]:
     """(enabled, user table path or None) from SAGEATTENTION_CALIBRATION: on (default), off, or the
     path of a table file or of a folder of tables named as the package's, sm<major><minor>.json or
-    sm<major><minor>-<model>.json (your own measurements)."""
+    sm<major><minor>-<model>.json (your own measurements); on and off in any case, a leading ~ as
+    the home folder. What the path holds is checked when a GPU's table is looked up
+    (calibration.for_gpu: logged once where it gives none)."""
     raw = (os.environ if env is None else env).get(CALIBRATION_ENV_VAR, "")
     value = raw.strip()
     if value.lower() in CALIBRATION_VALUES or not value:
         return (value.lower() or CALIBRATION_VALUES[0]) == "on", None
-    if os.path.exists(value):
-        return True, os.path.abspath(value)
+    path = os.path.expanduser(value)
+    if os.path.exists(path):
+        return True, os.path.abspath(path)
+    meant = _CALIBRATION_SYNONYMS.get(value.lower())
+    why = f"for {meant}, write {meant}" if meant else "that path does not exist"
     raise ValueError(f"{CALIBRATION_ENV_VAR}={raw!r} is not accepted; use one of: "
                      f"{', '.join(CALIBRATION_VALUES)} (default {CALIBRATION_VALUES[0]}), or the path "
-                     "of a calibration table or of a folder of them (that path does not exist)")
+                     f"of a calibration table or of a folder of them ({why})")
 
 
 def _calibration_state(env=None) -> tuple[bool, str | None]:

@@ -9,7 +9,9 @@ it). The dispatcher reads it to pick, for a call's shape, the backend that was
 measured fastest, SDPA included (off the grid: estimated from the nearest measured shapes). This
 module owns the format: validating a table, the entries near a shape and what they say of it, and
 writing a table. Loading for the dispatcher never raises: a missing
-file means "no calibration"; a broken one is logged once and the static order is used.
+file means "no calibration"; a broken one is logged once and the static order is used, and so is
+a path given by SAGEATTENTION_CALIBRATION that gives no table for the GPU (a broken table, one of
+another capability, a folder without one for it): logged once, saying why and what is used instead.
 
 Schema (version 1):
 
@@ -25,11 +27,13 @@ per sequence differ from its queries' (cross-attention, a decoding step) adds "k
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import math
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -37,11 +41,13 @@ from pathlib import Path
 from ..backends import BACKEND_NAMES
 from ..cases import DTYPES, Case
 
-__all__ = ["ESTIMATE_NEIGHBOURS", "SCHEMA_VERSION", "CalibrationError", "Entry", "Estimate", "Table",
+__all__ = ["ENV_VAR", "ESTIMATE_NEIGHBOURS", "SCHEMA_VERSION", "CalibrationError", "Entry", "Estimate", "Table",
            "dtype_name", "dumps", "file_name", "clear_cache", "for_gpu", "load", "model_slug", "parse",
            "parse_file_name"]
 
 SCHEMA_VERSION = 1
+# The variable naming your own tables (on, off or a path; read by sageattention.dispatch).
+ENV_VAR = "SAGEATTENTION_CALIBRATION"
 # Top-level keys, in the order a written table lists them (after "_generated").
 META_KEYS = ("schema_version", "capability", "gpu_name", "torch", "triton", "date", "command", "method")
 ENTRY_SHAPE_KEYS = ("dtype", "batch", "heads", "seq_len", "head_dim", "causal")
@@ -195,8 +201,13 @@ def _positive_int(value) -> bool:
 
 
 def _positive_ms(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and value > 0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past float's range: not a finite time
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def _entry(raw, i: int, source: str) -> Entry:
@@ -209,7 +220,7 @@ def _entry(raw, i: int, source: str) -> Entry:
     unknown = sorted(set(raw) - {*ENTRY_SHAPE_KEYS, *OPTIONAL_SHAPE_KEYS, "ms"})
     if unknown:
         raise _fail(source, where, f"unknown key(s) {', '.join(unknown)}")
-    if raw["dtype"] not in DTYPES:
+    if not isinstance(raw["dtype"], str) or raw["dtype"] not in DTYPES:
         raise _fail(source, f"{where}.dtype", f"{raw['dtype']!r} is not one of {', '.join(DTYPES)}")
     for key in ("batch", "heads", "seq_len", "head_dim", *OPTIONAL_SHAPE_KEYS):
         if key in raw and not _positive_int(raw[key]):
@@ -278,6 +289,9 @@ def load(path, *, label: str | None = None) -> Table:
             Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise CalibrationError(f"calibration table {path}: cannot be read ({exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise CalibrationError(f"calibration table {path}: not UTF-8 text, so not a JSON table "
+                               f"({exc})") from exc
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -327,72 +341,149 @@ def tables_folder():
 
 
 @functools.lru_cache(maxsize=None)  # one Table object per file: tables are compared by identity
-def _usable(resource, capability: tuple[int, int], *, label: str | None = None,
-            named: bool = True) -> Table | None:
-    """The table in ``resource`` if it is for GPUs of ``capability`` (and, for a file named after a
-    GPU model, of that model); None when it is for another GPU (a file given by path) or broken
-    (logged once as a warning: a bad table must never break a sageattn call; the dispatcher then
-    uses the next table or the static order)."""
+def _read(resource, capability: tuple[int, int], *, label: str | None = None,
+          named: bool = True) -> Table | CalibrationError:
+    """The table in ``resource``, or the CalibrationError saying why it cannot serve GPUs of
+    ``capability`` (broken; for another capability; a file named after a GPU model whose table is
+    another model's). ``named``: the file's name must match its contents (a package or folder
+    table); a file given by path serves the GPUs of its own capability whatever its name."""
     try:
         table = load(resource, label=label)
         if not named:
-            return table if table.capability == tuple(capability) else None
+            if table.capability != tuple(capability):
+                major, minor = table.capability
+                raise CalibrationError(
+                    f"calibration table {resource}: capability: it is the table of sm{major}{minor} GPUs "
+                    f"(capability {list(table.capability)}), not of this one (sm{capability[0]}{capability[1]})")
+            return table
         capability_named, slug = parse_file_name(resource.name)
         if table.capability != capability_named:
             raise CalibrationError(f"calibration table {resource}: capability: {list(table.capability)} "
                                    f"does not match the file name {resource.name}")
-        if slug is not None and model_slug(table.gpu_name) != slug:
+        if slug is not None and _slug_or_none(table.gpu_name) != slug:
             raise CalibrationError(f"calibration table {resource}: gpu_name: {table.gpu_name!r} does not "
                                    f"match the file name {resource.name}")
         return table
-    except Exception as exc:  # noqa: BLE001
-        logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen by the "
-                       "next table or the static preference order", resource, exc)
+    except CalibrationError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001 -- a table must never break a sageattn call
+        return CalibrationError(f"calibration table {resource}: unusable ({type(exc).__name__}: {exc})")
+
+
+def _slug_or_none(gpu_name: str | None) -> str | None:
+    try:
+        return None if gpu_name is None else model_slug(gpu_name)
+    except ValueError:  # a name without letters or digits names no model
         return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # one object per (table, label), as _read's
+def _relabelled(table: Table, label: str) -> Table:
+    return dataclasses.replace(table, label=label)
+
+
+def _seen_on(table: Table, gpu_name: str | None) -> Table:
+    """``table``, its label saying which GPU model measured it when that is not the running one
+    (``gpu_name``; None: not known), so reasons say an H200 runs by an H100's timings."""
+    here = _slug_or_none(gpu_name)
+    if here is None or _slug_or_none(table.gpu_name) == here:
+        return table
+    return _relabelled(table, f"{table.label} (measured on {table.gpu_name})")
+
+
+def _from_user_path(path: Path, capability: tuple[int, int], names: list[str]) -> tuple[Table | None, list[str]]:
+    """(the table under ``path`` for this GPU or None, why none served: one line per file tried)."""
+    problems = []
+    if path.is_dir():
+        for name in names:
+            candidate = path / name
+            if not candidate.exists():
+                continue
+            if not candidate.is_file():
+                problems.append(f"{candidate} is not a file")
+                continue
+            found = _read(candidate, capability, label=f"{name[:-5]} from {candidate}")
+            if isinstance(found, Table):
+                return found, []
+            problems.append(str(found))
+        if not problems:
+            problems.append(f"the folder {path} holds no {' or '.join(names)}")
+    elif path.is_file():
+        found = _read(path, capability, label=f"{names[-1][:-5]} from {path}", named=False)
+        if isinstance(found, Table):
+            return found, []
+        problems.append(str(found))
+    elif path.exists():
+        problems.append(f"{path} is neither a table file nor a folder of tables")
+    else:
+        problems.append(f"{path} no longer exists")
+    return None, problems
+
+
+_found: dict = {}               # for_gpu's answers, by its arguments
+_found_lock = threading.Lock()  # one thread reads (and warns of) a table; the others wait for it
+
+
 def for_gpu(capability: tuple[int, int], gpu_name: str | None = None,
             user_path: str | None = None) -> Table | None:
     """The table for a GPU of exactly this capability named ``gpu_name`` (torch's device name), or
     None (not calibrated, or broken). A table measured on that GPU model
     (``file_name(capability, gpu_name)``) wins over the capability's (``file_name(capability)``).
+    Where the table was measured on another GPU model than ``gpu_name``, its label says which.
 
     ``user_path`` (SAGEATTENTION_CALIBRATION=PATH): a table file, used for the GPUs of its own
     capability, or a folder holding tables named as the package's; it wins over the packaged
-    tables, which serve when the path has none for this GPU. Cached: clear_cache() forgets."""
-    capability = tuple(capability)
+    tables, which serve when the path has none for this GPU (logged once as a warning saying why
+    and what serves instead). Cached, and thread-safe: each file is read once per process, and
+    a changed file is not read again until clear_cache()."""
+    key = (tuple(capability), gpu_name, user_path)
+    try:
+        return _found[key]
+    except KeyError:
+        pass
+    with _found_lock:
+        if key not in _found:
+            _found[key] = _find(*key)
+        return _found[key]
+
+
+def _find(capability: tuple[int, int], gpu_name: str | None, user_path: str | None) -> Table | None:
     names = [file_name(capability)]
-    if gpu_name is not None:
-        try:
-            names.insert(0, file_name(capability, gpu_name))
-        except ValueError:  # model_slug: a name without letters or digits names no model table
-            pass
+    if gpu_name is not None and _slug_or_none(gpu_name) is not None:
+        names.insert(0, file_name(capability, gpu_name))
+    problems = []
     if user_path is not None:
-        path = Path(user_path)
-        if path.is_dir():
-            for name in names:
-                if (path / name).is_file():
-                    table = _usable(path / name, capability, label=f"{name[:-5]} from {path / name}")
-                    if table is not None:
-                        return table
-        elif path.is_file():
-            table = _usable(path, capability, label=f"{names[-1][:-5]} from {path}", named=False)
-            if table is not None:
-                return table
+        try:
+            table, problems = _from_user_path(Path(user_path), capability, names)
+        except OSError as exc:  # a folder you may not list, say
+            table, problems = None, [f"{user_path} cannot be read ({exc})"]
+        if table is not None:
+            return _seen_on(table, gpu_name)
+    table = None
     for name in names:
         resource = tables_folder().joinpath(name)
         if resource.is_file():
-            table = _usable(resource, capability, label=name[:-5])
-            if table is not None:
-                return table
-    return None
+            found = _read(resource, capability, label=name[:-5])
+            if isinstance(found, Table):
+                table = _seen_on(found, gpu_name)
+                break
+            logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen by the "
+                           "next table or the static preference order", resource, found)
+    if problems:
+        gpu = f"sm{capability[0]}{capability[1]}" + (f", {gpu_name}" if gpu_name else "")
+        instead = f"the packaged table {table.label}" if table is not None else "the static preference order"
+        logger.warning("sageattention: %s=%s gives no calibration table for this GPU (%s): %s; using %s "
+                       "instead", ENV_VAR, user_path, gpu, "; ".join(problems), instead)
+    return table
 
 
 def clear_cache() -> None:
-    """Forget the tables read so far (for_gpu reads each file once per process)."""
-    for_gpu.cache_clear()
-    _usable.cache_clear()
+    """Forget the tables read so far (for_gpu reads each file once per process): the next call
+    reads them again, e.g. after you rewrote your table."""
+    with _found_lock:
+        _found.clear()
+        _read.cache_clear()
+        _relabelled.cache_clear()
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -412,11 +503,11 @@ def _shape_fields(e: dict) -> dict:
     return fields
 
 
-def dumps(data: dict) -> str:
-    """The table as written to disk: validated first, entries sorted by (dtype, head_dim, causal,
-    seq_len, kv_len, batch, heads), ms keys sorted, one entry per line; the same table gives the
-    same text."""
-    parse(data, source="<table being written>")
+def dumps(data: dict, *, source: str = "<table being written>") -> str:
+    """The table as written to disk: validated first (a CalibrationError names `source`), entries
+    sorted by (dtype, head_dim, causal, seq_len, kv_len, batch, heads), ms keys sorted, one entry
+    per line; the same table gives the same text."""
+    parse(data, source=source)
     entries = sorted(data["entries"], key=_entry_sort_key)
     head = {"_generated": data["_generated"], **{k: data[k] for k in META_KEYS}}
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]

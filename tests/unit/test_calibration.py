@@ -212,8 +212,12 @@ def test_the_exact_capability_file_is_read(package_dir):
     assert table.label == "sm90" and table.source.endswith("sm90.json")
     assert calibration.for_gpu((9, 0)) is table           # cached: one object, one cache key
     assert calibration.for_gpu((8, 9)) is None             # exact (major, minor) only
-    # a GPU model without a table of its own gets its capability's
-    assert calibration.for_gpu((9, 0), "NVIDIA H200") is table
+    # a GPU model without a table of its own gets its capability's, its label naming the GPU
+    # model that measured it (tests/unit/test_calibration_user_tables.py)
+    h200 = calibration.for_gpu((9, 0), "NVIDIA H200")
+    assert h200.source == table.source and h200.entries is table.entries
+    assert h200.label == "sm90 (measured on Test GPU)"
+    assert calibration.for_gpu((9, 0), "NVIDIA H200") is h200
 
 
 @pytest.mark.parametrize("name,slug", [("NVIDIA H200", "nvidia-h200"),
