@@ -66,8 +66,10 @@ def dispatch_summary(capability: tuple[int, int], gpu_name: str | None = None) -
         return (f"{forced!r} for every call, forced by {dispatch.ENV_VAR}: no calibration table, no "
                 "fallback (a call it cannot run raises BackendUnavailableError)")
     if table is not None:
+        # a table of another GPU model already says so in its label (calibration._seen_on)
+        on = "" if table.label.endswith(f"(measured on {table.gpu_name})") else f" measured on {table.gpu_name}"
         return (f"fastest measured backend per shape, SDPA included, from calibration table "
-                f"{table.label} ({len(table.entries)} entries measured on {table.gpu_name}, "
+                f"{table.label} ({len(table.entries)} entries{on}, "
                 f"{table.date[:10]}); SAGEATTENTION_CALIBRATION=off for the static order")
     order = ", ".join(backends.preference_order(capability))
     return f"first usable in the static order {order} (no calibration table for this GPU)"
