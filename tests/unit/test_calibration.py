@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from json_edit import with_value
 import torch
 
 import sageattention as sa
@@ -44,16 +45,8 @@ GOOD = {
 
 
 def mutated(path, value):
-    """GOOD with the key at `path` (a tuple of keys/indices) set to `value` (or deleted: ...)."""
-    data = copy.deepcopy(GOOD)
-    node = data
-    for key in path[:-1]:
-        node = node[key]
-    if value is ...:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
-    return data
+    """GOOD with the key at `path` set to `value` (or deleted: ...)."""
+    return with_value(GOOD, path, value)
 
 
 # --- validation -----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from json_edit import with_value
 import torch
 
 from sageattention import calibrate, calibration, dispatch
@@ -29,15 +30,8 @@ H200 = "NVIDIA H200"
 
 
 def with_(path, value):
-    data = copy.deepcopy(GOOD)
-    node = data
-    for key in path[:-1]:
-        node = node[key]
-    if value is ...:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
-    return data
+    """GOOD with the key at `path` set to `value` (or deleted: ...)."""
+    return with_value(GOOD, path, value)
 
 
 @pytest.fixture

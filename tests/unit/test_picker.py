@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -12,12 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PICKER = ROOT / "scripts" / "pick_wheel.py"
-
-_spec = importlib.util.spec_from_file_location("pick_wheel", PICKER)
-pick_wheel = importlib.util.module_from_spec(_spec)
-sys.modules["pick_wheel"] = pick_wheel
-_spec.loader.exec_module(pick_wheel)
+from picker_module import PICKER, pick_wheel  # noqa: E402
 
 LINUX = "manylinux_2_28_x86_64"
 WIN = "win_amd64"

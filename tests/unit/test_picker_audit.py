@@ -4,7 +4,6 @@ tags, wheels that must never be offered, malformed manifests, and what to do whe
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,12 +13,8 @@ import pytest
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[2]
-PICKER = ROOT / "scripts" / "pick_wheel.py"
-
-_spec = importlib.util.spec_from_file_location("pick_wheel_audit", PICKER)
-pw = importlib.util.module_from_spec(_spec)
-sys.modules["pick_wheel_audit"] = pw
-_spec.loader.exec_module(pw)
+from picker_module import PICKER  # noqa: E402
+from picker_module import pick_wheel as pw  # noqa: E402
 
 
 def target(name: str, cc: str, ptx: bool, serves=None, arch_specific=False) -> dict:
