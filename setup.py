@@ -42,12 +42,18 @@ if "sdist" in commands and commands & COMPILE_COMMANDS:
 building = bool(commands & (COMPILE_COMMANDS | {"dist_info"})) and "sdist" not in commands
 compiling = bool(commands & COMPILE_COMMANDS) and "sdist" not in commands
 
+
+def stop(exc: FactoryError) -> None:
+    """Exit with what went wrong and how to fix it (the error says both), without a traceback."""
+    sys.exit(f"\nerror: cannot build sageattention's CUDA kernels:\n{exc}\n")
+
+
 config = None
 if building:
     try:
         config = source_build.resolve()
     except FactoryError as exc:
-        sys.exit(f"\nerror: cannot build sageattention's CUDA kernels:\n{exc}\n")
+        stop(exc)
     print(config.describe(), flush=True)
     # torch's extension builder must use the toolkit our kernel objects were compiled with.
     os.environ.setdefault("CUDA_HOME", str(kernels.cuda_home_of(config.nvcc)))
@@ -98,9 +104,12 @@ def extensions_and_commands():
         def build_extensions(self) -> None:
             started = time.monotonic()
             cache = kernels.default_cache_dir(ROOT)
-            per_family = kernels.compile_families(
-                config.builds, nvcc=config.nvcc, nvcc_id=config.nvcc_id, cache_dir=cache,
-                jobs=config.jobs, root=ROOT)
+            try:
+                per_family = kernels.compile_families(
+                    config.builds, nvcc=config.nvcc, nvcc_id=config.nvcc_id, cache_dir=cache,
+                    jobs=config.jobs, root=ROOT)
+            except FactoryError as exc:  # nvcc's own output is in the message; no traceback
+                stop(exc)
             for ext, objects in zip(self.extensions, per_family):
                 ext.extra_objects = [str(o.path) for o in objects]
             print(f"[bindings] compiling and linking {len(self.extensions)} extension(s)",
@@ -127,7 +136,10 @@ def extensions_and_commands():
     return exts, {"build_py": BuildPyWithInfo, "build_ext": BuildExt.with_options(use_ninja=True)}
 
 
-ext_modules, cmdclass = extensions_and_commands()
+try:
+    ext_modules, cmdclass = extensions_and_commands()
+except FactoryError as exc:
+    stop(exc)
 build_base = f"build/cells/{config.label}" if config else "build/meta"
 
 setup(

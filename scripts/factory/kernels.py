@@ -28,6 +28,9 @@ from .errors import BuildError
 HEADER_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".inc")
 CACHE_ENV = "SAGEATTENTION_KERNEL_CACHE"
 HEARTBEAT_S = 30.0
+# What a missing source file means, and the fix (an sdist made without MANIFEST.in's grafts).
+INCOMPLETE_TREE = ("this source tree or sdist is incomplete; build from a complete git checkout "
+                   "or a fresh sdist")
 
 
 def default_cache_dir(root: Path = REPO_ROOT) -> Path:
@@ -69,7 +72,8 @@ def kernel_sources(build: FamilyBuild, root: Path = REPO_ROOT) -> list[Path]:
     folder = root / build.family.sources
     sources = sorted(folder.glob("*.cu"))
     if not sources:
-        raise BuildError(f"family {build.family.name}: no .cu files in {folder}")
+        raise BuildError(f"family {build.family.name}: no .cu files in {folder}: "
+                         + INCOMPLETE_TREE)
     return sources
 
 
@@ -77,7 +81,8 @@ def binding_sources(build: FamilyBuild, root: Path = REPO_ROOT) -> list[Path]:
     folder = root / build.family.sources
     sources = sorted(folder.glob("*.cpp"))
     if not sources:
-        raise BuildError(f"family {build.family.name}: no bindings .cpp in {folder}")
+        raise BuildError(f"family {build.family.name}: no bindings .cpp in {folder}: "
+                         + INCOMPLETE_TREE)
     return sources
 
 

@@ -14,6 +14,9 @@ import importlib.util
 import os
 import platform as _platform
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Mapping
@@ -79,7 +82,8 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
         try:
             return parse_targets(env[TARGETS_ENV]), TARGETS_ENV
         except ValueError as exc:
-            raise ToolchainError(f"{TARGETS_ENV}={env[TARGETS_ENV]!r}: {exc}") from None
+            raise ToolchainError(f"{TARGETS_ENV}={env[TARGETS_ENV]!r}: {exc}"
+                                 + _targets_hint(env[TARGETS_ENV])) from None
     if env.get("TORCH_CUDA_ARCH_LIST"):
         parts, notes = [], []
         for item in re.split(r"[;\s]+", env["TORCH_CUDA_ARCH_LIST"].strip()):
@@ -106,6 +110,32 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
         f"    {TARGETS_ENV}='sm80' pip install --no-build-isolation .\n"
         "(one or more of sm75, sm80, sm86, sm87, sm89, sm90, ';'-separated; '+PTX' also embeds "
         "that SM's PTX; the sm75 family's compute_75 PTX, always embedded, runs on newer GPUs)")
+
+
+# Spellings of an SM that other tools use: sm_80, 80, 8.0 (TORCH_CUDA_ARCH_LIST), compute_80,
+# sm90a (the arch-specific target, which the sm90 target already builds where it matters).
+_OTHER_SPELLING = re.compile(r"(?:sm_?|compute_?)?(\d+?)\.?(\d)([af]?)(\+ptx)?", re.IGNORECASE)
+
+
+def _targets_hint(text: str) -> str:
+    """'; did you mean ...' with the list respelled as Target.parse reads it, or '' when some
+    item is no SM in any spelling (parse_targets' message then says what is accepted)."""
+    items = [p for p in re.split(r"[;,\s]+", text) if p]
+    fixed, notes = [], []
+    for item in items:
+        match = _OTHER_SPELLING.fullmatch(item)
+        if match is None:
+            return ""
+        fixed.append(f"sm{match[1]}{match[2]}" + ("+PTX" if match[4] else ""))
+        if match[3]:
+            notes.append(f"{item}: the sm{match[1]}{match[2]} target already compiles the "
+                         f"arch-specific families as sm_{match[1]}{match[2]}{match[3]}")
+    try:
+        parse_targets(";".join(fixed))
+    except ValueError:
+        return ""
+    return (f"; did you mean {TARGETS_ENV}='{';'.join(fixed)}'?"
+            + "".join(f" ({note})" for note in notes))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +183,8 @@ def wheel_cuda_include_dirs(cuda: str, search: list[str] | None = None) -> list[
 def resolve(env: Mapping[str, str] = os.environ,
             torch_facts: Callable[[bool], TorchFacts] = probe_torch,
             find_nvcc: Callable[[Mapping[str, str]], Path | None] = kernels.find_nvcc,
-            nvcc_identity: Callable[[Path], str] = kernels.nvcc_identity) -> SourceBuild:
+            nvcc_identity: Callable[[Path], str] = kernels.nvcc_identity,
+            root: Path = arch.REPO_ROOT) -> SourceBuild:
     # GPUs decide the targets only when no target list is set.
     facts = torch_facts(not (env.get(TARGETS_ENV) or env.get("TORCH_CUDA_ARCH_LIST")))
     if not facts.cuda:
@@ -162,10 +193,14 @@ def resolve(env: Mapping[str, str] = os.environ,
             "build of torch (for example: pip install torch --index-url "
             "https://download.pytorch.org/whl/cu130)")
     targets, source = targets_from_env(env, facts.gpu_capabilities)
-    families = arch.load_families()
+    families = _load_families(root)
     for t in targets:
         if not any(t.sm in f.serves for f in families.values()):
             served = sorted({s for f in families.values() for s in f.serves})
+            if t.sm not in arch.SM_CUDA_RANGE:  # a typo (sm800), not a GPU too new for us
+                raise ToolchainError(
+                    f"{t} (from {source}) is not an NVIDIA GPU architecture; this build "
+                    "supports " + ", ".join(f"sm{s}" for s in served))
             # a GPU newer than every family (Blackwell): the embed_ptx family's PTX runs there
             ptx = expectation().newest_embedded_ptx(
                 (f.embed_ptx for f in families.values() if f.embed_ptx is not None), t.sm)
@@ -175,6 +210,7 @@ def resolve(env: Mapping[str, str] = os.environ,
             raise ToolchainError(f"no kernel family serves {t} (from {source}); supported: "
                                  + ", ".join(f"sm{s}" for s in served) + hint)
     builds = tuple(arch.family_builds(((t.sm, t.ptx) for t in targets), families))
+    _check_sources(builds, root)
 
     for var in kernels.TOOLKIT_VARS:
         # a toolkit named but without nvcc: find_nvcc would take the one on PATH, and torch's
@@ -187,9 +223,19 @@ def resolve(env: Mapping[str, str] = os.environ,
         raise ToolchainError(
             f"nvcc not found: install the CUDA {facts.cuda} toolkit and set CUDA_HOME to it "
             "(for example CUDA_HOME=/usr/local/cuda), or put its bin/ on PATH")
-    identity = nvcc_identity(nvcc)
+    found_by = next((var for var in kernels.TOOLKIT_VARS if env.get(var)), "PATH")
+    # the version first: arch.nvcc_version turns an nvcc that does not run into a ToolchainError
     nvcc_version = arch.nvcc_version(nvcc)
-    arch.check_toolchain(nvcc_version, facts.cuda, builds)
+    try:
+        identity = nvcc_identity(nvcc)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ToolchainError(f"cannot run {nvcc} --version (nvcc from {found_by}): {exc}") \
+            from None
+    try:
+        arch.check_toolchain(nvcc_version, facts.cuda, builds)
+    except ToolchainError as exc:
+        raise ToolchainError(f"{exc}\n(nvcc {nvcc_version} is {nvcc}, found through "
+                             f"{found_by})") from None
 
     label = LocalLabel.create([t.sm for t in targets], facts.version, facts.cuda)
     torch_base = Version(facts.version).base_version
@@ -203,10 +249,54 @@ def resolve(env: Mapping[str, str] = os.environ,
             f"{' '.join(map(str, targets))}); use the cell's Python and torch")
     from .buildinfo import build_date, host_compiler_version
     build_date(env)  # a bad SOURCE_DATE_EPOCH stops the build here, before any compile
+    compiler = _host_compiler(env, host_compiler_version)
     return SourceBuild(
         targets=targets, targets_from=source, torch_version=facts.version, cuda=facts.cuda,
         nvcc=nvcc, nvcc_version=nvcc_version,
-        nvcc_id=identity + "\n" + host_compiler_version(env),
+        nvcc_id=identity + "\n" + compiler,
         builds=builds, label=label, version=str(cell.version(base_version())),
         torch_requirement=cell.torch_requirement, cxx_std=cell.cxx_std,
         cell_id=wanted or None, jobs=kernels.jobs_from_env(env))
+
+
+def _load_families(root: Path) -> dict[str, arch.Family]:
+    path = root / arch.FAMILIES_JSON.relative_to(arch.REPO_ROOT)
+    try:
+        return arch.load_families(path)
+    except FileNotFoundError:
+        raise ToolchainError(f"{path} is missing: {kernels.INCOMPLETE_TREE}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ToolchainError(f"{path} is malformed: {exc!r}") from None
+
+
+def _check_sources(builds: tuple[arch.FamilyBuild, ...], root: Path) -> None:
+    """Every family's sources and include folders are here, before torch's builder starts (an
+    sdist made without MANIFEST.in's `graft csrc` failed deep inside build_ext)."""
+    for build in builds:
+        for folder in kernels.include_dirs(build, root):
+            if not folder.is_dir():
+                raise ToolchainError(f"family {build.family.name}: {folder} is missing: "
+                                     + kernels.INCOMPLETE_TREE)
+        kernels.kernel_sources(build, root)
+        kernels.binding_sources(build, root)
+
+
+def _host_compiler(env: Mapping[str, str], version_of: Callable[[Mapping[str, str]], str]) -> str:
+    """The host compiler's version line; a CXX that names no runnable program stops the build
+    here rather than as a traceback (CXX may be a wrapper and a compiler: 'ccache g++')."""
+    try:
+        words = [w for w in shlex.split(env.get("CXX", "")) if not w.startswith("-")]  # no flags
+    except ValueError as exc:  # an unbalanced quote
+        raise ToolchainError(f"CXX={env['CXX']!r} cannot be split into words: {exc}") from None
+    for word in words:
+        if shutil.which(word) is None:
+            raise ToolchainError(f"CXX={env['CXX']!r}: {word} is not an executable program; "
+                                 "set CXX to a C++ compiler nvcc supports (e.g. CXX=g++) or "
+                                 "unset it")
+    if len(words) > 1:
+        env = {**env, "CXX": words[-1]}  # the compiler, not the wrapper, decides the objects
+    try:
+        return version_of(env)
+    except OSError as exc:
+        raise ToolchainError(f"cannot run the host C++ compiler: {exc}; set CXX to one "
+                             "(e.g. CXX=g++)") from None
