@@ -308,6 +308,9 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     cfg = config or pick_config(dp, is_causal, attn_mask is not None,
                                 use_tma=tma_available(q.device))
 
+    # The mask first: it may refuse the call (NaN / +inf), before any kernel is launched.
+    mask_kind, mask_view, block_map = prepare_mask(attn_mask, batch, n_heads, n_queries, n_keys,
+                                                   cfg.block_m, cfg.block_n)
     q8, q_scale, k8, k_scale, corr = quant.quantize_qk(q, k, sm_scale=sm_scale, smooth_k=smooth_k,
                                                        want_lse=return_lse)
     # P.V runs in V's own 16-bit type (fp32 accumulation): a bfloat16 V keeps its range.
@@ -317,8 +320,6 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
         out = torch.empty((batch, n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, n_heads, n_queries), dtype=torch.float32, device=q.device) if return_lse else q_scale
 
-    mask_kind, mask_view, block_map = prepare_mask(attn_mask, batch, n_heads, n_queries, n_keys,
-                                                   cfg.block_m, cfg.block_n)
     if mask_kind == MASK_NONE:
         mask_view = block_map = q_scale
         m_strides = b_strides = (0, 0, 0, 0)

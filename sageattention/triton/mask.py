@@ -52,12 +52,53 @@ def check_mask(attn_mask, target: tuple[int, int, int, int]) -> torch.Tensor:
     return _as_4d(attn_mask, target)
 
 
+# The kernel adds ``mask * log2(e)`` in fp32: finite values above this overflow to +inf there
+# (NaN output where SDPA is finite), so the host clamps them to it. Below, the kernel itself clamps
+# a finite value to -FLT_MAX (base 2), keeping -inf as the hard mask.
+FLT_MAX = torch.finfo(torch.float32).max
+ADD_MAX = FLT_MAX / 1.4426950408889634 * (1 - 2**-20)  # margin for fp32 rounding of the product
+
+
+def _capturing(mask: torch.Tensor) -> bool:
+    return mask.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_additive(mask: torch.Tensor) -> torch.Tensor:
+    """Refuses NaN / +inf in an additive mask; returns the mask, or an fp32 copy clamped to the
+    range the kernel represents (float64, or values past ``ADD_MAX`` / below -FLT_MAX).
+
+    One device-to-host read of two flags. While a CUDA graph is being captured no value can be
+    read: the clamped copy is then always made (for bf16/fp32/fp64) and NaN is not looked for.
+    """
+    if mask.numel() == 0:
+        return mask
+    needs_range = mask.dtype != torch.float16  # fp16's 65504 * log2(e) is far inside fp32
+    if _capturing(mask):
+        bad, out_of_range = False, needs_range
+    else:
+        flags = [(torch.isnan(mask) | (mask == float("inf"))).any()]
+        if needs_range:
+            flags.append(((mask > ADD_MAX) | ((mask < -FLT_MAX) & (mask != float("-inf")))).any())
+        got = torch.stack(flags).tolist()
+        bad, out_of_range = got[0], (got[1] if needs_range else False)
+    if bad:
+        raise ValueError("attn_mask (additive) contains NaN or +inf; SDPA returns NaN for such rows. "
+                         "Use -inf (or False in a bool mask) to hide a key, finite values otherwise")
+    if out_of_range or mask.dtype == torch.float64:
+        neg_inf = mask == float("-inf")
+        wide = mask if mask.dtype == torch.float64 else mask.to(torch.float32)
+        mask = wide.clamp(-FLT_MAX, ADD_MAX).to(torch.float32).masked_fill(neg_inf, float("-inf"))
+    return mask
+
+
 def prepare_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, n_queries: int,
                  n_keys: int, block_m: int, block_n: int):
     """Returns ``(kind, mask_view [B, H, Nq, Nk], block_map [B, H, Mtiles, Ntiles])``.
 
     ``kind`` is MASK_NONE (views are None), MASK_BOOL (uint8 view, nonzero = keep) or MASK_ADD
-    (the float mask itself, any of FLOAT_MASK_DTYPES, converted to fp32 in the kernel).
+    (the float mask itself, converted to fp32 in the kernel; a float64 mask, or one with finite
+    values beyond what the kernel's fp32 base-2 scores hold, as a clamped fp32 copy). An additive
+    mask with NaN or +inf is refused (ValueError).
     """
     if attn_mask is None:
         return MASK_NONE, None, None
@@ -69,6 +110,7 @@ def prepare_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, n_queri
         data = mask.view(torch.uint8)
     else:
         kind = MASK_ADD
+        mask = _check_additive(mask)
         keep = mask != float("-inf")
         data = mask
     n_tiles_m = -(-n_queries // block_m)
