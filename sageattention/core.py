@@ -622,7 +622,7 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
                            capability=dispatch.device_capability(problem.device), dtype=problem.dtype,
                            head_dim=problem.head_dim, requires_grad=problem.requires_grad, dropout=dropout_p > 0,
                            batch=len(problem.q_offsets) - 1, q_heads=problem.q_heads,
-                           seq_q=_longest(problem.q_offsets), seq_k=_longest(problem.k_offsets),
+                           seq_q=problem.longest_q, seq_k=problem.longest_k,
                            scale_magnitude=dispatch.scale_magnitude(scale))
     if q.numel() == 0:   # no queries, no heads or head dim 0: nothing to attend over (as dense
         record_backend(None)   # sageattn, before any backend is chosen: a forced one included)
@@ -650,11 +650,6 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale)
     record_backend(SDPA)
     return _tied(out, q, k, v)   # every sequence without keys: still recorded
-
-
-def _longest(offsets) -> int:
-    """The longest sequence of a varlen batch, from its cumulative offsets."""
-    return max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
 
 
 def _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale) -> None:

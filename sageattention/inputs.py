@@ -302,6 +302,13 @@ class VarlenProblem:
     dtype: torch.dtype
     device: torch.device
     requires_grad: bool
+    longest_q: int   # the longest sequence of each side (the dispatcher's per-sequence limits)
+    longest_k: int
+
+
+def longest_sequence(offsets) -> int:
+    """The longest sequence of a varlen batch, from its cumulative offsets."""
+    return max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
 
 
 def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -325,14 +332,15 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if len(q_off) != len(k_off):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe different batch sizes: "
                          f"{len(q_off) - 1} vs {len(k_off) - 1}")
-    for name, limit, off in (("max_seqlen_q", max_seqlen_q, q_off), ("max_seqlen_k", max_seqlen_k, k_off)):
+    longest_q, longest_k = longest_sequence(q_off), longest_sequence(k_off)
+    for name, limit, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k, longest_k)):
         if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {_type_name(limit)}")
-        longest = max((b - a for a, b in zip(off, off[1:])), default=0)
         if limit < longest:
             raise ValueError(f"{name}={limit} is smaller than the longest sequence ({longest})")
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return VarlenProblem(tuple(q_off), tuple(k_off), hq, hkv, d, q.dtype, q.device, requires_grad)
+    return VarlenProblem(tuple(q_off), tuple(k_off), hq, hkv, d, q.dtype, q.device, requires_grad,
+                         longest_q, longest_k)
 
 
 # SDPA's keywords (honoured, never dropped) and upstream's tuning keywords that sageattn accepts.
