@@ -76,7 +76,9 @@ def errors(out: torch.Tensor, ref: torch.Tensor) -> Errors:
                          f"{tuple(ref.shape)}")
     o = out.detach().to(device=ref.device, dtype=torch.float64).flatten()
     r = ref.detach().to(torch.float64).flatten()
-    finite = bool(torch.isfinite(o).all())
+    # finite: the figures are numbers. A NaN or Inf in the reference would make them NaN too
+    # (within no bar, but reported as finite and without figures); it counts as not finite.
+    finite = bool(torch.isfinite(o).all()) and bool(torch.isfinite(r).all())
     if not finite:
         return Errors(cosine=float("nan"), rel_l1=float("inf"), max_abs=float("inf"), finite=False)
     diff = (o - r).abs()

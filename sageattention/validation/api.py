@@ -29,6 +29,9 @@ class Api:
     force_backend: Callable[[str], ContextManager]
     last_backend: Callable[[], str | None]
     module: ModuleType | Any | None = None
+    # Forgets the last call's backend (sageattention.dispatch.record_backend(None)), so that a
+    # call which records none reads as None rather than as the backend of the call before it.
+    clear_last_backend: Callable[[], None] = field(default=lambda: None)
     # family -> None when loaded, else why not (sageattention.native.available_families()).
     available_families: Callable[[], dict[str, str | None]] = field(default=lambda: {})
     # The wheel's _build_info.json as a dict, or None in a source checkout.
@@ -44,6 +47,7 @@ class Api:
     def run(self, backend: str | None, *args, **kwargs) -> tuple[Any, str | None]:
         """Call sageattn (forcing ``backend`` when given); return the result and what ran."""
         ctx = self.force_backend(backend) if backend else contextlib.nullcontext()
+        self.clear_last_backend()
         with ctx:
             out = self.sageattn(*args, **kwargs)
         return out, self.last_backend()
@@ -58,11 +62,13 @@ class Api:
             except (ImportError, AttributeError):
                 return default
 
+        record = _optional("sageattention.dispatch", "record_backend", None)
         return cls(
             sageattn=pkg.sageattn,
             force_backend=pkg.force_backend,
             last_backend=pkg.last_backend,
             module=pkg,
+            clear_last_backend=(lambda: record(None)) if callable(record) else (lambda: None),
             available_families=_optional("sageattention.native", "available_families",
                                          lambda: {}),
             build_info=_optional("sageattention.build_info", "load", lambda: None),

@@ -134,7 +134,11 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
         raise NoNativeCode("the kernel family table (native/families.json) is empty or missing")
     if build_info is not None:
         wheel_families = list(build_info.get("families") or [])
-        targets = [parse_target(t) for t in build_info.get("sm_targets") or []]
+        try:
+            targets = [parse_target(str(t)) for t in build_info.get("sm_targets") or []]
+        except ValueError as exc:  # a refusal (exit 2) in words, not a traceback (exit 1: "failed")
+            raise NoNativeCode(f"the build info's sm_targets cannot be read, so which kernels this "
+                               f"wheel carries for sm{gpu_sm} is unknown: {exc}") from exc
     else:  # source checkout: whatever compiled here, for this GPU only
         wheel_families = [f for f, why in available.items() if why is None]
         targets = [Target(sm=gpu_sm, ptx=False, text=f"sm{gpu_sm}")]

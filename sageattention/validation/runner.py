@@ -137,7 +137,9 @@ class Recorder:
         ok = err.within(bar)
         detail = None
         if not ok:
-            detail = ("non-finite output (NaN/Inf)" if not err.finite else
+            detail = ("non-finite fp32 reference (NaN/Inf): the check's inputs are wrong"
+                      if not bool(torch.isfinite(ref).all()) else
+                      "non-finite output (NaN/Inf)" if not err.finite else
                       f"cosine {err.cosine:.6f} (bar >= {bar.min_cosine}), rel L1 "
                       f"{err.rel_l1:.5f} (bar <= {bar.max_rel_l1}) [{bar.name}]")
             self.failures.append(f"{label}: {detail}")
@@ -158,7 +160,7 @@ def run_check(check: Check, ctx: Context) -> dict:
     """Run one check to completion and return its record; exceptions become failures."""
     rec = Recorder()
     skipped = None
-    error = None
+    errors_seen: list[str] = []  # one traceback per backend that raised, in order
     start = time.perf_counter()
     if check.needs_cuda and ctx.device.type != "cuda":
         skipped = "needs a CUDA device"
@@ -174,7 +176,7 @@ def run_check(check: Check, ctx: Context) -> dict:
                 break
             except Exception as exc:  # noqa: BLE001 - one failing check must not end the run
                 rec.fail(f"{type(exc).__name__}: {exc}")
-                error = traceback.format_exc(limit=8)
+                errors_seen.append(rec.prefix + traceback.format_exc(limit=8))
         rec.prefix = ""
     if ctx.device.type == "cuda":
         try:
@@ -197,8 +199,8 @@ def run_check(check: Check, ctx: Context) -> dict:
         "notes": list(rec.notes),
         "duration_s": round(time.perf_counter() - start, 3),
     }
-    if error:
-        record["traceback"] = error
+    if errors_seen:
+        record["traceback"] = "\n".join(errors_seen)
     return record
 
 

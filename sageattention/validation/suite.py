@@ -37,21 +37,30 @@ def _sm_of(device: torch.device) -> int | None:
 
 
 def accuracy_summary(checks: list[dict], names: set[str]) -> dict:
-    """Worst and median figures per backend over the checks that compare normal inputs."""
+    """Worst and median figures per backend over the checks that compare normal inputs.
+
+    The figures are over the comparisons that have figures (``cases``); a NaN/Inf output has none,
+    and is counted in ``non_finite`` rather than left out silently."""
     per: dict[str, list[dict]] = {}
+    non_finite: dict[str, int] = {}
     for rec in checks:
         if rec["name"] not in names:
             continue
         for case in rec["cases"]:
-            if case.get("backend") and case.get("finite") and case.get("cosine") is not None:
+            if not case.get("backend"):
+                continue
+            if case.get("finite") and case.get("cosine") is not None:
                 per.setdefault(case["backend"], []).append(case)
+            elif "finite" in case:  # compared, without figures (a shape mismatch has no "finite")
+                non_finite[case["backend"]] = non_finite.get(case["backend"], 0) + 1
     out = {}
     for backend, cases in per.items():
         cos = sorted(c["cosine"] for c in cases)
         l1 = sorted(c["rel_l1"] for c in cases)
         out[backend] = {"cases": len(cases), "min_cosine": cos[0], "median_cosine": cos[len(cos) // 2],
                         "max_rel_l1": l1[-1], "median_rel_l1": l1[len(l1) // 2],
-                        "max_abs": max(c["max_abs"] for c in cases)}
+                        "max_abs": max(c["max_abs"] for c in cases),
+                        "non_finite": non_finite.get(backend, 0)}
     return out
 
 
