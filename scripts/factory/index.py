@@ -26,13 +26,16 @@ from pathlib import Path
 from urllib.parse import quote, urlparse
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 __all__ = ["IndexEntry", "variant_of", "write_index", "wheel_href", "entries_from_manifest",
            "project_from_manifest", "main"]
 
 # hashlib's hexdigest() form, as the release step writes it and pip compares it.
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# The manifest.json format this reads (release.py's MANIFEST_SCHEMA_VERSION; release imports this
+# module, so the number is repeated here, and a test keeps the two equal).
+MANIFEST_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,12 @@ class IndexEntry:
         # wheel, a malformed Requires-Python makes pip skip or reject the link.
         if not isinstance(self.filename, str):
             raise ValueError(f"'filename' must be a wheel file name, got {self.filename!r}")
+        try:
+            parse_wheel_filename(self.filename)
+        except InvalidWheelFilename as exc:
+            raise ValueError(f"'filename' {self.filename!r} is not a wheel file name ({exc}); "
+                             "expected '<name>-<version>-<python tag>-<abi tag>-<platform "
+                             "tag>.whl'") from None
         if not (isinstance(self.sha256, str) and _SHA256.fullmatch(self.sha256)):
             raise ValueError(f"{self.filename}: 'sha256' must be 64 lowercase hex digits, got "
                              f"{self.sha256!r}")
@@ -189,6 +198,13 @@ def write_index(
 
 def entries_from_manifest(manifest: dict) -> list[IndexEntry]:
     """Index entries for the wheels a release manifest (scripts/factory/release.py) lists."""
+    schema = manifest.get("schema_version", MANIFEST_SCHEMA_VERSION) \
+        if isinstance(manifest, dict) else None
+    if isinstance(manifest, dict) and (type(schema) is not int
+                                       or schema != MANIFEST_SCHEMA_VERSION):
+        raise ValueError(f"manifest schema_version {schema!r} is not supported: this index reads "
+                         f"schema_version {MANIFEST_SCHEMA_VERSION} (written by "
+                         "scripts/factory/release.py of the same checkout)")
     wheels = manifest.get("wheels") if isinstance(manifest, dict) else None
     if not isinstance(wheels, list):
         raise ValueError(

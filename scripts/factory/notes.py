@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -86,6 +87,19 @@ def _sass_that_ran(sms: list[tuple[int, bool]], gpu_sm: int) -> int | None:
     return max(fits) if fits else None
 
 
+def _ptx_that_ran(report: dict, ran: list[str]) -> tuple[list[str], list[int]]:
+    """The PTX a PTX-JIT run compiled (['compute_75']) and its SMs ([75]): the ptx_arch of the
+    expected native backends that ran in a check (all expected ones when none is seen to run).
+    Only these code paths were checked, not every SM the wheel targets (an sm75+sm80 wheel on an
+    sm_90 GPU runs only its compute_75 PTX there)."""
+    expected = [b for b in (report.get("expectation") or {}).get("native_backends") or []
+                if b.get("ptx_arch")]
+    seen = [b for b in expected if b.get("name") in ran] or expected
+    arches = sorted({b["ptx_arch"] for b in seen})
+    sms = sorted({int(m[1]) for a in arches if (m := re.match(r"compute_(\d+)", a))})
+    return arches, sms
+
+
 def _timer_name(report: dict) -> str:
     """The timer of the performance figures. benchmark.cuda_timer uses triton.testing.do_bench
     when Triton imports and CUDA events otherwise; performance.method names both alternatives,
@@ -137,7 +151,7 @@ def _not_verified_verdict(report: dict) -> str | None:
                 "This wheel is not verified for any configuration and is not published "
                 "(`scripts.factory.release` refuses a wheel with a failed check); the figures "
                 "below describe the failed run only.")
-    unproven = reports.unproven(report["checks"])
+    unproven = reports.unproven(report["checks"], reports.own_backends(report))
     if not unproven:
         return None
     return (f"**Not validated: {'; '.join(unproven)}.** This wheel is not verified for any "
@@ -221,23 +235,27 @@ def render(report: dict, source_name: str) -> str:
         add(f"- {line}")
     add("")
     ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
-    if not any(map(reports.is_native_kernel, ran)):
+    own = reports.own_backends(report)
+    if not any(b in own if own else reports.is_native_kernel(b) for b in ran):
         # the execution the report names is how the wheel's kernels would run here; none did
         add(f"**Execution: none of the wheel's CUDA kernels ran.** No check of this run ran one "
             f"on the {gpu} (backends that ran: {', '.join(ran) or 'none'}), so nothing below "
             f"says anything about them.")
     elif ptx:
-        ptx_arch = {b.get("ptx_arch") for b in (report.get("expectation") or {})
-                    .get("native_backends", []) if b.get("ptx_arch")}
-        ptx_name = ", ".join(sorted(ptx_arch)) or "embedded"
-        # every architecture the wheel targets, from the SM numbers (sm75+sm80: Turing and Ampere)
-        archs = _arch_names(sms)
+        ptx_arch, ptx_sms = _ptx_that_ran(report, ran)
+        ptx_name = ", ".join(ptx_arch) or "embedded"
+        # the architectures whose PTX ran (compute_75: Turing), each once; every one the wheel
+        # targets when the report does not name its PTX
+        archs = _arch_names([(sm, True) for sm in ptx_sms] or sms)
         code = (f"the {_enumerate(archs, 'and')} code path{'s' if len(archs) > 1 else ''}"
                 if archs else "the wheel's code path")
         hardware = f"{_enumerate(archs, 'or')} hardware" if archs else "its target hardware"
+        idle = [a for a in _arch_names(sms) if a not in archs]
         add(f"**Execution: PTX JIT.** Validated on the {gpu} by running the {ptx_name} PTX "
             f"through the driver's JIT; this checks {code}, not {hardware}. No result below was "
-            f"measured on a {', '.join(f'SM{sm}' for sm, _ in sms) or 'target'} GPU.")
+            f"measured on a {', '.join(f'SM{sm}' for sm, _ in sms) or 'target'} GPU."
+            + (f" The wheel's {_enumerate(idle, 'and')} code did not run in this validation and "
+               "is not verified." if idle else ""))
     else:
         # name the wheel's target whose SASS ran, not the GPU's SM (sm80 SASS runs on an 8.6 GPU)
         sass = _sass_that_ran(sms, _gpu_capability_sm(env))
@@ -464,9 +482,14 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
     add(f"- PyTorch {env.get('torch', '?')}")
     add(f"- CUDA {env.get('cuda_runtime', '?')}")
     if ptx:
-        names = ", ".join(_sm_title(sm) for sm, _ in sms)
+        ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
+        ptx_sms = _ptx_that_ran(report, ran)[1] or [sm for sm, _ in sms]
+        names = ", ".join(_sm_title(sm) for sm in ptx_sms)
         add(f"- the {names} code path as PTX JIT-compiled on the {gpu}; NOT verified on "
             f"{names} hardware")
+        idle = [_sm_title(sm) for sm, _ in sms if sm not in ptx_sms]
+        if idle:
+            add(f"- NOT verified at all: the {', '.join(idle)} code (it did not run)")
     else:
         add(f"- {gpu}")
     add("")

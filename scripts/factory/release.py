@@ -30,7 +30,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 try:  # run as `python scripts/factory/release.py` or imported as scripts.factory.release
     from . import chart as chart_mod
@@ -284,6 +284,14 @@ def read_wheel_facts(path: Path) -> WheelFacts:
         raise ValueError(f"{BUILD_INFO_PATH} is not valid JSON: {exc}") from None
     if not isinstance(build_info, dict):
         raise ValueError(f"{BUILD_INFO_PATH} is not a JSON object")
+    try:
+        meta_version = Version(str(metadata.get("Version")))
+    except InvalidVersion:
+        meta_version = None
+    if canonicalize_name(str(metadata.get("Name"))) != name or meta_version != version:
+        # pip refuses to install a wheel whose METADATA names another project or version
+        raise ValueError(f"{metadata_name} says {metadata.get('Name')} {metadata.get('Version')}, "
+                         f"but the file name says {PROJECT} {version}: pip refuses such a wheel")
     torch_req = None
     for line in metadata.get_all("Requires-Dist") or []:
         try:
@@ -313,6 +321,13 @@ def _cc_pairs(sms) -> tuple[tuple[int, int], ...] | None:
 def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ...]]:
     reasons: list[str] = []
     info = facts.build_info
+    try:
+        same_version = Version(str(info.get("version"))) == Version(facts.version)
+    except InvalidVersion:
+        same_version = False
+    if not same_version:
+        reasons.append(f"build info version {info.get('version')!r} is not the file name's "
+                       f"{facts.version}")
     if info.get("local_label") not in (None, facts.local_label):
         reasons.append(
             f"build info local_label {info.get('local_label')!r} does not match the filename's "
@@ -384,10 +399,12 @@ def _check_build_info(facts: WheelFacts) -> tuple[list[str], tuple[GpuTarget, ..
 
 
 def _check_report(
-    report_path: Path, wheel_path: Path, targets: tuple[GpuTarget, ...]
+    report_path: Path, wheel_path: Path, targets: tuple[GpuTarget, ...],
+    build_info: dict | None = None,
 ) -> tuple[list[str], dict | None]:
     """Reasons to refuse the wheel on account of its report (empty: the report clears it), and
-    the report when it is a valid one (None otherwise)."""
+    the report when it is a valid one (None otherwise). ``build_info``: the wheel's own, which
+    the run must have imported (the report's build_info is what the run's package said)."""
     if not report_path.is_file():
         return [
             f"no validation report ({report_path.name} missing): the wheel was not validated"
@@ -408,8 +425,16 @@ def _check_report(
         except report_mod.ReportError as exc:
             reasons.append(str(exc))
 
-    # failed checks, no pass, or passes that prove nothing about the wheel's CUDA kernels
-    reasons += report_mod.unproven(report.get("checks"))
+    if build_info is not None:
+        reasons += _same_build_info(report.get("build_info"), build_info)
+    # failed checks, no pass, or passes that prove nothing about the wheel's CUDA kernels: only
+    # the wheel's own kernels on that GPU (the report's expectation) count
+    own = report_mod.own_backends(report)
+    if own is None:
+        reasons.append("the report does not name the wheel's CUDA kernels the run had to run "
+                       "(expectation.native_backends): a pass cannot be told from another "
+                       "kernel's; validate the wheel again with the current suite")
+    reasons += report_mod.unproven(report.get("checks"), own)
 
     execution = report.get("execution")
     env = report.get("environment") if isinstance(report.get("environment"), dict) else {}
@@ -427,6 +452,24 @@ def _check_report(
                 f"({', '.join(t.name for t in targets)}) runs there {can}"
             )
     return reasons, (None if problems else report)
+
+
+def _same_build_info(ran: object, wheel: dict) -> list[str]:
+    """The build info the run's package reported must be the wheel's own: another one means the
+    run imported another installation (or the report is another build's), and the notes, which
+    state the report's build info, would describe that build."""
+    if ran is None:
+        return ["the report has no build_info: the run did not show that it imported this wheel "
+                "(a source tree has none); validate the wheel again"]
+    if ran == wheel:
+        return []
+    if not isinstance(ran, dict):
+        return []  # validate_report has named the problem
+    keys = sorted(k for k in set(ran) | set(wheel) if ran.get(k) != wheel.get(k))
+    shown = ", ".join(f"{k} {ran.get(k)!r} (the wheel's: {wheel.get(k)!r})" for k in keys[:4])
+    return [f"the report's build_info is not this wheel's: {shown}"
+            f"{f' and {len(keys) - 4} more' if len(keys) > 4 else ''}; the run imported another "
+            "build of sageattention, or the report is another build's: validate this wheel"]
 
 
 def _check_note(note_path: Path, report_path: Path, report: dict | None) -> list[str]:
@@ -474,7 +517,7 @@ def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
     stem = wheel_path.name[: -len(".whl")]
     reasons, targets = _check_build_info(facts)
     report_path = reports_dir / f"{stem}.report.json"
-    report_reasons, report = _check_report(report_path, wheel_path, targets)
+    report_reasons, report = _check_report(report_path, wheel_path, targets, facts.build_info)
     reasons += report_reasons
     note_path = reports_dir / f"{stem}.md"
     reasons += _check_note(note_path, report_path, report)
@@ -497,10 +540,42 @@ def plan_release(wheels: list[Path], reports_dir: Path) -> ReleasePlan:
     for wheel in sorted(wheels, key=lambda p: p.name):
         verdict = judge_wheel(wheel, reports_dir)
         (plan.accepted if isinstance(verdict, Accepted) else plan.refused).append(verdict)
-    public = {Version(a.facts.version).public for a in plan.accepted}
-    if len(public) > 1:
-        raise ValueError(f"wheels of several versions in one release: {sorted(public)}")
+    by_version: dict[str, list[str]] = {}
+    for a in plan.accepted:
+        by_version.setdefault(Version(a.facts.version).public, []).append(a.path.name)
+    if len(by_version) > 1:
+        listed = "; ".join(f"{v}: {', '.join(names)}" for v, names in sorted(by_version.items()))
+        raise ValueError(f"wheels of several versions in one release ({listed}); a release "
+                         "holds one version: move the others out of the wheel folder")
+    clashes = _same_cell(plan.accepted)
+    if clashes:
+        raise ValueError("; ".join(clashes) + ": a release holds one wheel per matrix cell (the "
+                         "picker could not choose between them); keep only the one to publish "
+                         "(the repaired wheel) in the wheel folder")
     return plan
+
+
+def _same_cell(accepted: list[Accepted]) -> list[str]:
+    """Accepted wheels that are builds of one matrix cell: the same build info cell_id, or the
+    same local label, Python/ABI tags and OS (the pre-repair linux_x86_64 wheel beside its
+    repaired manylinux one)."""
+    groups: dict[tuple, list[str]] = {}
+    for a in accepted:
+        tags = parse_wheel_filename(a.path.name)[3]
+        pythons = tuple(sorted({f"{t.interpreter}-{t.abi}" for t in tags}))
+        oses = tuple(sorted({os_of_platform_tag(p) for p in a.facts.platforms}))
+        for key in (("cell", a.facts.build_info.get("cell_id")),
+                    ("variant", a.facts.local_label, pythons, oses)):
+            if key[1] is not None:
+                groups.setdefault(key, []).append(a.path.name)
+    clashes, said = [], set()
+    for key, names in groups.items():
+        if len(names) > 1 and frozenset(names) not in said:
+            said.add(frozenset(names))
+            what = (f"cell {key[1]!r}" if key[0] == "cell" else
+                    f"label {key[1]}, {', '.join(key[2])}, {', '.join(key[3])}")
+            clashes.append(f"{' and '.join(names)} are builds of one matrix cell ({what})")
+    return clashes
 
 
 # ---------------------------------------------------------------- outputs
@@ -752,8 +827,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         plan = plan_release(wheels, args.reports)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # several versions, or two wheels of one cell
+        print(f"error: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
 
     if args.json:

@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.tags import parse_tag
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from scripts.factory.labels import LocalLabel, expectation
@@ -154,8 +155,9 @@ def validate_report(doc: Any) -> list[str]:
     if not isinstance(version, int) or isinstance(version, bool):
         problems.append("schema_version must be an integer")
     elif version != SCHEMA_VERSION:
-        problems.append(f"schema_version {version} is not supported (this code reads "
-                        f"{SCHEMA_VERSION})")
+        # another format: its other fields are not this one's to judge, so they are not listed
+        return [f"schema_version {version} is not supported (this code reads schema_version "
+                f"{SCHEMA_VERSION}; write the report again with this checkout's validate step)"]
     wheel = doc.get("wheel")
     filename = None
     if not isinstance(wheel, dict):
@@ -163,10 +165,12 @@ def validate_report(doc: Any) -> list[str]:
     else:
         filename = wheel.get("filename")
         try:
-            parse_wheel_name(str(filename))
+            parsed = parse_wheel_name(str(filename))
         except ReportError as exc:
             problems.append(f"wheel.filename: {exc}")
             filename = None
+        else:
+            problems += _wheel_fields_agree(wheel, parsed)
         if not isinstance(wheel.get("sha256"), str) or not _SHA256.match(wheel["sha256"]):
             problems.append("wheel.sha256 must be 64 lower-case hex digits")
     env = doc.get("environment")
@@ -187,6 +191,60 @@ def validate_report(doc: Any) -> list[str]:
     if filename is not None:
         problems += _run_fits_wheel(doc, filename, env)
     return problems
+
+
+def _wheel_fields_agree(wheel: dict, parsed) -> list[str]:
+    """The other fields wheel_identity writes (name, version, tags) name the file wheel.filename
+    names: a report whose version or tags are another wheel's was made for another file (a copy
+    renamed, or a stale report), whatever its filename says. Absent fields, or empty tags, were not
+    recorded and say nothing."""
+    name, version, _build, tags = parsed
+    filename = wheel["filename"]
+    problems = []
+    if "name" in wheel and not (isinstance(wheel["name"], str)
+                                and canonicalize_name(wheel["name"]) == name):
+        problems.append(f"wheel.name {wheel['name']!r} is not the project of {filename} "
+                        f"({name}): the report contradicts itself")
+    if "version" in wheel:
+        try:
+            same = Version(str(wheel["version"])) == version
+        except InvalidVersion:
+            same = False
+        if not same:
+            problems.append(f"wheel.version {wheel['version']!r} is not the version of {filename} "
+                            f"({version}): the report was made for another wheel")
+    stated = wheel.get("tags")
+    if stated:
+        try:
+            stated_tags = {t for text in stated for t in parse_tag(text)}
+        except (TypeError, ValueError, AttributeError):
+            stated_tags = None
+        if stated_tags is None:
+            problems.append(f"wheel.tags must be a list of tags such as "
+                            f"'cp312-cp312-linux_x86_64', got {stated!r}")
+        elif stated_tags != set(tags):
+            problems.append(f"wheel.tags {sorted(map(str, stated_tags))} are not the tags of "
+                            f"{filename} ({', '.join(sorted(map(str, tags)))}): the report was "
+                            "made for another wheel")
+    return problems
+
+
+def _torch_cuda_problem(filename: str, env: dict, wanted: tuple[int, int]) -> list[str]:
+    """environment.torch's local label says which CUDA that torch was built for (+cu130), or that
+    it has none (+cpu): it must be the wheel's CUDA, or the note would state two CUDA versions."""
+    try:
+        local = Version(env["torch"]).local if isinstance(env.get("torch"), str) else None
+    except InvalidVersion:
+        return []  # said by _check_stated_fields
+    match = re.fullmatch(r"cu(\d+)(\d)", local or "")
+    if match and (int(match[1]), int(match[2])) != wanted:
+        return [f"the wheel {filename} is for CUDA {wanted[0]}.{wanted[1]}, but the run's torch "
+                f"{env['torch']} is a build for CUDA {match[1]}.{match[2]}: a report only covers "
+                "the wheel it ran"]
+    if local == "cpu":
+        return [f"the run's torch {env['torch']} is a CPU-only build: it cannot have run the "
+                f"CUDA kernels of {filename}"]
+    return []
 
 
 def _major_minor(text: Any) -> tuple[int, int] | None:
@@ -218,6 +276,7 @@ def _run_fits_wheel(doc: dict, filename: str, env: dict) -> list[str]:
                 problems.append(f"the wheel {filename} is for {what} {wanted[0]}.{wanted[1]}, but "
                                 f"the run used {what} {env[key]}: a report only covers the "
                                 "wheel it ran")
+        problems += _torch_cuda_problem(filename, env, label.cuda)
         cap = _major_minor(env.get("compute_capability"))
         if cap is not None and doc.get("execution") == "native" and not any(
                 expectation().sass_runs_on(sm, cap[0] * 10 + cap[1]) for sm in label.sms):
@@ -278,10 +337,25 @@ def _check_checks(checks: Any) -> list[str]:
             problems.append(f"{where}.status must be one of {STATUSES}, got {status!r}")
         elif status != "pass" and not isinstance(check.get("reason"), str):
             problems.append(f"{where} ({name}) is {status} without a reason")
+        elif status == "pass" and _failed_parts(check):
+            problems.append(f"{where} ({name}) is pass, but {_failed_parts(check)}: the report "
+                            "contradicts itself (a check with a failure fails)")
         if "backend" not in check or not isinstance(check["backend"], (str, type(None))):
             problems.append(f"{where}.backend must be a string or null")
         problems += _check_check_details(where, check)
     return problems
+
+
+def _failed_parts(check: dict) -> str | None:
+    """What in a check record failed (its failures list, a compared case not ok), or None."""
+    failures = check.get("failures")
+    cases = check.get("cases") if isinstance(check.get("cases"), list) else []
+    bad = [c.get("label", "?") for c in cases if isinstance(c, dict) and c.get("ok") is False]
+    if isinstance(failures, list) and failures:
+        return f"it lists {len(failures)} failure(s) ({failures[0]})"
+    if bad:
+        return f"its case(s) {', '.join(map(str, bad[:3]))} did not pass"
+    return None
 
 
 def _check_summary(summary: Any, checks: Any) -> list[str]:
@@ -322,13 +396,27 @@ def is_native_kernel(backend: str) -> bool:
     return backend.startswith("cuda-")
 
 
-def unproven(checks: Any) -> list[str]:
+def own_backends(report: Any) -> list[str] | None:
+    """The wheel's CUDA kernels the run had to run on its GPU (expectation.native_backends' names,
+    from the wheel's build info and family table), or None when the report does not say."""
+    expected = report.get("expectation") if isinstance(report, dict) else None
+    backends = expected.get("native_backends") if isinstance(expected, dict) else None
+    if not isinstance(backends, list):
+        return None
+    names = [b.get("name") for b in backends if isinstance(b, dict)]
+    return [n for n in names if isinstance(n, str) and n] or None
+
+
+def unproven(checks: Any, own: list[str] | None = None) -> list[str]:
     """Why a run's checks validate nothing, as sentences (empty: none failed, and some passed on
     the wheel's own CUDA kernels). A pass proves only what ran: a passed check that names no
     backend proves nothing; one marked native that ran anything but the wheel's CUDA kernels
     claims a native result from a fallback; and a wheel is validated only if some passed check ran
-    one of its CUDA kernels (the SDPA fallback and the Triton kernels prove nothing about them)."""
+    one of its CUDA kernels (the SDPA fallback and the Triton kernels prove nothing about them).
+    ``own`` (own_backends): the wheel's kernels on that GPU; a CUDA kernel not among them (another
+    installation's, another family's) is not this wheel's. None: any CUDA kernel counts."""
     checks = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
+    is_own = is_native_kernel if not own else own.__contains__
     reasons = []
     failed = [str(c.get("name", "?")) for c in checks if c.get("status") == "fail"]
     if failed:
@@ -340,17 +428,18 @@ def unproven(checks: Any) -> list[str]:
     unnamed = [str(c.get("name", "?")) for c in passed if not ran_backends(c)]
     if unnamed:
         reasons.append(f"passed check(s) that do not say which backend ran: {', '.join(unnamed)}")
+    theirs = f" (this wheel's on that GPU: {', '.join(own)})" if own else ""
     fallback = [f"{c.get('name', '?')} ({', '.join(ran_backends(c))})" for c in passed
                 if c.get("native") is True and ran_backends(c)
-                and not all(map(is_native_kernel, ran_backends(c)))]
+                and not all(map(is_own, ran_backends(c)))]
     if fallback:
-        reasons.append(f"native check(s) passed on a backend other than the wheel's CUDA kernels: "
-                       f"{'; '.join(fallback)}")
-    if passed and not any(is_native_kernel(b) for c in passed for b in ran_backends(c)):
+        reasons.append(f"native check(s) passed on a backend other than the wheel's CUDA "
+                       f"kernels: {'; '.join(fallback)}{theirs}")
+    if passed and not any(is_own(b) for c in passed for b in ran_backends(c)):
         ran = sorted({b for c in passed for b in ran_backends(c)})
         reasons.append(f"no passed check ran a CUDA kernel of this wheel (only "
                        f"{', '.join(ran) or 'no backend'}): a fallback's pass does not validate "
-                       "native kernels")
+                       f"native kernels{theirs}")
     return reasons
 
 

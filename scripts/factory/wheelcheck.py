@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import arch
 from .arch import REPO_ROOT
 from .errors import WheelCheckError
-from .labels import LocalLabel, WheelIdentity, cell_for_wheel, parse_wheel_name
+from .labels import PROJECT, LocalLabel, WheelIdentity, cell_for_wheel, parse_wheel_name
 from .model import Target
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ def read_wheel(path: Path) -> tuple[list[str], email.message.Message, dict]:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
-            meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+            meta_name = next((n for n in names if n.endswith(".dist-info/METADATA")
+                              and n.count("/") == 1), None)
             if meta_name is None:
                 raise WheelCheckError(f"{path.name}: no .dist-info/METADATA")
             metadata = email.parser.Parser().parsestr(zf.read(meta_name).decode("utf-8"))
@@ -68,6 +70,8 @@ def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
     ident = wheel_identity(path)
     names, metadata, info = read_wheel(path)
     problems = []
+    if canonicalize_name(str(metadata["Name"])) != PROJECT:  # pip refuses such a wheel
+        problems.append(f"METADATA Name {metadata['Name']!r} != file name project {PROJECT}")
     try:
         meta_version = Version(str(metadata["Version"]))
     except InvalidVersion:
@@ -76,7 +80,11 @@ def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
         if meta_version != ident.version:
             problems.append(f"METADATA version {meta_version} != file name version "
                             f"{ident.version}")
-    if str(info.get("version")) != str(ident.version):
+    try:
+        info_version = Version(str(info.get("version")))
+    except InvalidVersion:
+        info_version = None
+    if info_version != ident.version:
         problems.append(f"build info version {info.get('version')} != {ident.version}")
     if info.get("local_label") != str(ident.label):
         problems.append(f"build info local_label {info.get('local_label')} != {ident.label}")
@@ -102,7 +110,7 @@ def agreement_problems(path: Path, matrix: "Matrix | None" = None) -> list[str]:
             problems.append(f"METADATA Requires-Dist {line!r} is not a requirement "
                             f"({str(exc).splitlines()[0]})")
             continue
-        if requirement.name == "torch":
+        if canonicalize_name(requirement.name) == "torch":
             torch_pins.append(requirement)
     wanted_pin = f"=={ident.label.torch[0]}.{ident.label.torch[1]}.*"
     if [str(r.specifier) for r in torch_pins] != [wanted_pin]:

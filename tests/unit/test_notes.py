@@ -512,12 +512,20 @@ def test_the_timer_named_is_the_one_the_run_had():
 def test_a_ptx_note_of_a_multi_sm_wheel_names_every_architecture():
     # "SM75/Turing / SM80/Ampere".split('/')[-1] kept only "Ampere": the note of an sm75+sm80 PTX
     # wheel said its run checked the Ampere code path, though compute_75 is Turing code.
+    # On an sm_90 GPU such a wheel (families sm75 and sm80) runs compute_75 and compute_80 PTX.
     doc = reports.load_report(FIXTURES / f"{STEM75}.report.json")
     doc["build_info"]["sm_targets"] = ["sm75+PTX", "sm80+PTX"]
+    doc["expectation"]["native_backends"].append(
+        {"name": "cuda-sm80-fp16", "family": "sm80", "via": "ptx", "ptx_arch": "compute_80"})
+    doc["checks"][0].update(backends=["cuda-sm75-fp16", "cuda-sm80-fp16"],
+                            backend="cuda-sm75-fp16, cuda-sm80-fp16")
     text = notes.render(doc, f"{STEM75}.report.json")
-    assert ("this checks the Turing and Ampere code paths, not Turing or Ampere hardware. No "
+    assert ("by running the compute_75, compute_80 PTX through the driver's JIT; this checks the "
+            "Turing and Ampere code paths, not Turing or Ampere hardware. No "
             "result below was measured on a SM75, SM80 GPU.") in text
     doc["build_info"]["sm_targets"] = ["sm80+PTX", "sm86+PTX"]  # one architecture, named once
+    doc["expectation"]["native_backends"].pop(0)
+    doc["checks"][0].update(backends=["cuda-sm80-fp16"], backend="cuda-sm80-fp16")
     assert "this checks the Ampere code path, not Ampere hardware" in \
         notes.render(doc, f"{STEM75}.report.json")
 

@@ -296,8 +296,10 @@ def test_two_accepted_wheels_that_share_a_page_and_tag_are_exit_2_not_a_tracebac
     rc, out = run_release(tmp_path, wheels=tmp_path / "wheels", reports=tmp_path / "reports")
     err = capsys.readouterr().err
     assert rc == release.EXIT_USAGE == 2
-    assert "share the tag cp311-cp311-manylinux_2_28_x86_64" in err
-    assert "keep one of them in" in err and "nothing written" in err
+    # refused before the index is written: two builds of one cell (the index would refuse them too,
+    # as they share the tag cp311-cp311-manylinux_2_28_x86_64)
+    assert f"{again.name} and {first.name} are builds of one matrix cell" in err, err
+    assert "keep only the one to publish" in err and "nothing written" in err
     assert not out.exists()
 
 
