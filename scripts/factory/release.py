@@ -535,9 +535,14 @@ def judge_wheel(wheel_path: Path, reports_dir: Path) -> Accepted | Refused:
     )
 
 
-def plan_release(wheels: list[Path], reports_dir: Path) -> ReleasePlan:
+def plan_release(wheels: list[Path], reports_dir: Path, progress=None) -> ReleasePlan:
+    """Judge every wheel; ``progress(i, n, path)`` is called before each (hashing a wheel of
+    hundreds of MB takes seconds)."""
     plan = ReleasePlan()
-    for wheel in sorted(wheels, key=lambda p: p.name):
+    ordered = sorted(wheels, key=lambda p: p.name)
+    for i, wheel in enumerate(ordered, 1):
+        if progress is not None:
+            progress(i, len(ordered), wheel)
         verdict = judge_wheel(wheel, reports_dir)
         (plan.accepted if isinstance(verdict, Accepted) else plan.refused).append(verdict)
     by_version: dict[str, list[str]] = {}
@@ -796,6 +801,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _progress(i: int, n: int, wheel: Path) -> None:
+    print(f"[{i}/{n}] checking {wheel.name}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -826,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no *.whl in {args.wheels}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        plan = plan_release(wheels, args.reports)
+        plan = plan_release(wheels, args.reports, progress=None if args.json else _progress)
     except ValueError as exc:  # several versions, or two wheels of one cell
         print(f"error: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE

@@ -60,8 +60,13 @@ def test_stored_fixtures_are_reproducible(tmp_path):
 
 def test_only_the_passing_wheel_is_published(tmp_path, capsys):
     rc, out = run_release(tmp_path)
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert rc == release.EXIT_REFUSED
+    # progress on stderr, one line per wheel before it is hashed and judged
+    wheels = sorted(p.name for p in (FIXTURES / "wheels").glob("*.whl"))
+    assert [line for line in captured.err.splitlines() if "] checking " in line] == [
+        f"[{i}/{len(wheels)}] checking {name}" for i, name in enumerate(wheels, 1)]
     stem = fx.PASSING[: -len(".whl")]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [
