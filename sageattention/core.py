@@ -630,6 +630,12 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
     forced = dispatch.forced_backend()
     choice = dispatch.choose(req, dispatch.current_inventory(problem.device), candidates=("triton-fp16",),
                              allow_fallback=True, forced=forced)
+    too_big = None if choice.fallback else _past_varlen_kernel_index(q, k)
+    if too_big is not None:
+        if forced is not None:
+            raise dispatch.BackendUnavailableError(f"backend {forced!r} is forced but cannot run this call: "
+                                                   f"{too_big}")
+        choice = BackendChoice(SDPA, f"triton-fp16: {too_big}", True)
     q, scale = _positive_scale(q, scale)   # for the kernel and for SDPA alike
     if not choice.fallback:
         from sageattention import triton as triton_backend
@@ -642,30 +648,61 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
         record_backend(choice.name)
         return out
     log_once(f"sageattention falls back to PyTorch SDPA: {choice.reason}")
-    # Each sequence's output is written into q's dtype (a query with no keys keeps its zeros), as
-    # the kernel's and dense sageattn's are: under torch.autocast SDPA returns the autocast dtype,
-    # and a torch.cat of the pieces raised "Unexpected floating ScalarType" there (fp16 with bf16).
-    out = torch.zeros_like(q, memory_format=torch.contiguous_format)   # contiguous, as the kernel's
+    # Each sequence's output comes in q's dtype (a query with no keys gets zeros), as the kernel's
+    # and dense sageattn's, with autocast off: under it SDPA returned the autocast dtype, and a
+    # torch.cat of the pieces raised "Unexpected floating ScalarType" (fp16 with bf16).
     with _autocast_off(q.device.type):
-        _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale)
+        out = _varlen_sdpa(q, k, v, problem, dropout_p, is_causal, scale)
     record_backend(SDPA)
     return _tied(out, q, k, v)   # every sequence without keys: still recorded
 
 
-def _varlen_sdpa(out, q, k, v, problem, dropout_p, is_causal, scale) -> None:
-    """SDPA per sequence into `out` (q's shape and dtype), sequences without queries or keys left;
-    the exact softmax for a scale above EXACT_SOFTMAX_SCALE (a positive one: _positive_scale)."""
+# The Triton varlen path takes int32 offsets (cu_seqlens as int32: int64 ones past this wrapped): a
+# call with more packed tokens runs SDPA.
+VARLEN_KERNEL_INDEX_LIMIT = 2**31 - 1
+
+
+def _past_varlen_kernel_index(q, k) -> str | None:
+    """Why the Triton varlen kernel cannot index this call (VARLEN_KERNEL_INDEX_LIMIT), or None."""
+    limit = VARLEN_KERNEL_INDEX_LIMIT
+    tokens = max(q.shape[0], k.shape[0])
+    if tokens > limit:
+        return f"{tokens} packed tokens exceed the {limit} its 32-bit offsets (cu_seqlens as int32) hold"
+    return None
+
+
+def _varlen_sdpa(q, k, v, problem, dropout_p, is_causal, scale) -> torch.Tensor:
+    """SDPA per sequence, as a contiguous tensor of q's shape and dtype (the kernel's), zeros for
+    queries without keys; the exact softmax for a scale above EXACT_SOFTMAX_SCALE (a positive one:
+    _positive_scale). With grad, the inputs are split and the outputs concatenated by one op each:
+    a slice and a write per sequence made backward build a gradient of the whole q, k, v and output
+    once per sequence, quadratic in the sequence count (CPU, 2000 sequences of 8 tokens: backward
+    47 s, forward 0.4 s). Without grad each output is written into one buffer (no second copy)."""
     q, k, v = (_without_overlap(t) for t in (q, k, v))
-    for (q0, q1), (k0, k1) in zip(zip(problem.q_offsets, problem.q_offsets[1:]),
-                                  zip(problem.k_offsets, problem.k_offsets[1:])):
-        if q1 == q0 or k1 == k0:
+    pieces = [] if problem.requires_grad else None
+    out = None if problem.requires_grad else torch.zeros_like(q, memory_format=torch.contiguous_format)
+    offsets_q, offsets_k = problem.q_offsets, problem.k_offsets
+    lens_q = [b - a for a, b in zip(offsets_q, offsets_q[1:])]
+    lens_k = [b - a for a, b in zip(offsets_k, offsets_k[1:])]
+    for q0, qs, ks, vs in zip(offsets_q, q.split(lens_q), k.split(lens_k), v.split(lens_k)):
+        if qs.shape[0] == 0:
             continue
-        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        if ks.shape[0] == 0:
+            if pieces is not None:
+                pieces.append(q.new_zeros(qs.shape))
+            continue
+        q1 = q0 + qs.shape[0]
+        qs, ks, vs = (t.transpose(0, 1)[None] for t in (qs, ks, vs))
         if scale > EXACT_SOFTMAX_SCALE:
             o, _ = _exact_softmax_attention(qs, ks, vs, None, is_causal, scale, dropout_p, gqa=True,
                                             return_lse=False)
         else:
             ks, vs, gqa = _sdpa_kv(ks, vs, problem.q_heads, problem.kv_heads)
             o = _torch_sdpa(qs, ks, vs, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=gqa)
-        out[q0:q1] = o[0].transpose(0, 1)
+        if pieces is not None:
+            pieces.append(o[0].transpose(0, 1).to(q.dtype))
+        else:
+            out[q0:q1] = o[0].transpose(0, 1)
+    # q has tokens here (_varlen returns before for none): at least one piece
+    return out if pieces is None else torch.cat(pieces)
 

@@ -274,21 +274,26 @@ def check_dropout(dropout_p) -> float:
     return float(dropout_p)
 
 
-def _check_cu_seqlens(name: str, cu, total: int, device: torch.device) -> list[int]:
+def _check_cu_seqlens(name: str, cu, total: int, device: torch.device, packed: str) -> list[int]:
+    """The offsets of `cu` as a list; `packed` names the tensor whose tokens they split."""
     _check_tensor(name, cu)
     if cu.dim() != 1 or cu.numel() < 1:
         raise ValueError(f"{name} must be a 1-D tensor [batch + 1] of offsets, got shape {tuple(cu.shape)}")
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be torch.int32 (or int64), got {cu.dtype}")
     if cu.device.type != "cpu" and cu.device != device:
-        raise ValueError(f"{name} is on {cu.device} but q is on {device}")
+        raise ValueError(f"{name} is on {cu.device} but q is on {device}; put it on q's device or the CPU")
     offsets = cu.tolist()
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0, got {offsets[0]}")
-    if any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise ValueError(f"{name} must be non-decreasing, got {offsets}")
+    # The first offending pair only: the whole list of a large batch made a message of megabytes.
+    for i in range(1, len(offsets)):
+        if offsets[i] < offsets[i - 1]:
+            raise ValueError(f"{name} must be non-decreasing, but {name}[{i}] = {offsets[i]} < "
+                             f"{name}[{i - 1}] = {offsets[i - 1]}")
     if offsets[-1] != total:
-        raise ValueError(f"{name} must end at the total token count {total}, got {offsets[-1]}")
+        raise ValueError(f"{name} must end at the total token count {total} ({packed}.shape[0]), "
+                         f"got {offsets[-1]}")
     return offsets
 
 
@@ -327,8 +332,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     if k.shape[2] != d:
         raise ValueError(f"head dims differ: q {d}, k/v {k.shape[2]}")
     check_head_groups(hq, hkv, enable_gqa)
-    q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
-    k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+    q_off = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device, "q")
+    k_off = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device, "k")
     if len(q_off) != len(k_off):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k describe different batch sizes: "
                          f"{len(q_off) - 1} vs {len(k_off) - 1}")
@@ -337,7 +342,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         if isinstance(limit, bool) or not isinstance(limit, numbers.Integral):
             raise TypeError(f"{name} must be an int, got {_type_name(limit)}")
         if limit < longest:
-            raise ValueError(f"{name}={limit} is smaller than the longest sequence ({longest})")
+            raise ValueError(f"{name}={limit} is smaller than the longest sequence ({longest}); pass at "
+                             f"least {longest} (a larger value is accepted: it is only an upper bound)")
     requires_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     return VarlenProblem(tuple(q_off), tuple(k_off), hq, hkv, d, q.dtype, q.device, requires_grad,
                          longest_q, longest_k)

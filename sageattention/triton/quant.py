@@ -100,7 +100,8 @@ def _quant_block_kernel(
     """
     blk = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2)
+    # int64: b * heads (the scale and mean indices) passes 2**31 - 1 past sequence 32768 at 65535 heads
+    b = tl.program_id(2).to(tl.int64)
     if VARLEN:
         start = tl.load(X_CU + b).to(tl.int64)
         seq_len = tl.load(X_CU + b + 1) - tl.load(X_CU + b)
@@ -111,8 +112,8 @@ def _quant_block_kernel(
         start = 0
         seq_len = n_tokens
         limit = out_rows
-        x_base = X + b.to(tl.int64) * sx_b + h * sx_h
-        o_base = OUT + b.to(tl.int64) * so_b + h * so_h
+        x_base = X + b * sx_b + h * sx_h
+        o_base = OUT + b * so_b + h * so_h
     if blk * BLK >= limit:
         return
 
@@ -129,7 +130,7 @@ def _quant_block_kernel(
                      mask=d_ok, other=0.0)
         corr = tl.sum(x * km[None, :], axis=1) * corr_mult
         # Dense only: CORR is [B, H, N] contiguous.
-        tl.store(CORR + (b.to(tl.int64) * heads + h) * n_tokens + offs_n, corr, mask=offs_n < seq_len)
+        tl.store(CORR + (b * heads + h) * n_tokens + offs_n, corr, mask=offs_n < seq_len)
     if HAS_MEAN:
         mean = tl.load(MEAN + (b * heads + h) * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
         x = tl.where(valid, x - mean[None, :], 0.0)

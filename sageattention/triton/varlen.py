@@ -25,7 +25,8 @@ def _varlen_fwd_kernel(
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
-    b = tl.program_id(2)
+    # int64: b * n_heads (the scale indices) passes 2**31 - 1 from sequence 32769 on at 65535 heads
+    b = tl.program_id(2).to(tl.int64)
     q_start = tl.load(CU_Q + b).to(tl.int64)
     q_len = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b))
     start_m = pid_m * BLOCK_M

@@ -19,7 +19,7 @@ from sageattention.validation import __main__ as cli
 from sageattention.validation.api import Api
 from sageattention.validation.expectation import expect
 from sageattention.validation.profile import Profile
-from sageattention.validation.runner import Check, Context, Recorder, run_check, select
+from sageattention.validation.runner import Check, Context, Recorder, select
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = json.loads((REPO / "sageattention/native/families.json").read_text())
