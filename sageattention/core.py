@@ -613,6 +613,12 @@ def _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_
                          "as upstream's does; for the LSE, call sageattn per sequence with return_lse=True")
     dropout_p = check_dropout(options["dropout_p"])
     enable_gqa = options["enable_gqa"]
+    if isinstance(q, torch.Tensor) and q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # the offsets are read on the host (checked, and the launch sized by the longest sequence),
+        # which a capturing stream refuses with a CUDA error that names none of this
+        raise RuntimeError("sageattn_varlen() cannot be captured in a CUDA graph: it reads cu_seqlens_q/"
+                           "cu_seqlens_k on the host to check them and size its launch; capture the dense "
+                           "sageattn (padded batch), or call sageattn_varlen outside the graph")
     problem = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            enable_gqa=None if enable_gqa is None else check_bool("enable_gqa", enable_gqa))
     is_causal = check_bool("is_causal", is_causal)

@@ -268,6 +268,23 @@ def test_mask_rows_past_2_31_elements(gpu_memory):
     assert torch.allclose(got, want, rtol=1e-3, atol=1e-4), f"max |diff| = {diff}"
 
 
+def test_varlen_under_cuda_graph_capture_is_refused_in_words():
+    # The offsets are read on the host; a capturing stream refused that with a CUDA error that
+    # named neither the function nor what to do instead.
+    import sageattention as sa
+
+    q = torch.randn(96, 4, 64, device="cuda", dtype=torch.float16)
+    cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
+    sa.sageattn_varlen(q, q, q, cu, cu, 56, 56)   # warm-up outside the graph runs
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match=r"sageattn_varlen\(\) cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            sa.sageattn_varlen(q, q, q, cu, cu, 56, 56)
+    torch.cuda.synchronize()
+    out = sa.sageattn_varlen(q, q, q, cu, cu, 56, 56)   # the stream is usable afterwards
+    assert torch.isfinite(out).all()
+
+
 def test_varlen_heads_past_2_31_elements(gpu_memory):
     """Packed k, v as [tokens, heads, D] views of [heads, tokens, D] memory, 6M tokens at D = 128:
     heads 2 and 3 start past 2**31 elements (K smoothing's per-sequence mean computed head *
