@@ -253,7 +253,7 @@ def render(report: dict, source_name: str) -> str:
         idle = [a for a in _arch_names(sms) if a not in archs]
         add(f"**Execution: PTX JIT.** Validated on the {gpu} by running the {ptx_name} PTX "
             f"through the driver's JIT; this checks {code}, not {hardware}. No result below was "
-            f"measured on a {', '.join(f'SM{sm}' for sm, _ in sms) or 'target'} GPU."
+            f"measured on an {' or '.join(f'SM{sm}' for sm, _ in sms) or 'SM target'} GPU."
             + (f" The wheel's {_enumerate(idle, 'and')} code did not run in this validation and "
                "is not verified." if idle else ""))
     else:
