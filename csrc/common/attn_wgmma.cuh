@@ -27,6 +27,7 @@
 #include "sm90_sync.cuh"
 #include "sm90_tma.cuh"
 #include "wgmma_ops.cuh"
+#include "ws_ring.h"
 
 namespace sage {
 
@@ -1348,8 +1349,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
 #endif
   // The CTA's tiles: its place in the grid, or (persistent) every gridDim.x-th tile from
   // blockIdx.x, or (dynamic) those the producer takes from tile_counter. Both roles walk them in
-  // the same order, and count the K blocks of the tiles before (g0): the ring's stage and phase of
-  // block kb are those of block g0 + kb.
+  // the same order, and count the K blocks of the tiles before (g0, folded by ws_ring_after): the
+  // ring's stage and phase of block kb are those of block g0 + kb.
   const int n_qblocks = (p.q_len + Tr::kCtaQ - 1) / Tr::kCtaQ;
   const int64_t n_tiles = PERSISTENT ? static_cast<int64_t>(n_qblocks) * p.q_heads * p.batch : 1;
   const int64_t first_tile = PERSISTENT ? blockIdx.x : 0, tile_step = PERSISTENT ? gridDim.x : 1;
@@ -1474,7 +1475,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
           sm90::mbar_arrive_on_cp_async(full_v(st));
         }
       }
-      g0 += n_kblocks;
+      g0 = ws_ring_after<STAGES>(g0, n_kblocks);
     }
     if constexpr (!kTma) asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
@@ -1929,7 +1930,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, WgmmaWsTraits<HEAD_DIM, NWG, 
     } else
       wg::store_rows<HEAD_DIM, OutT, kFp8>(p, o, l_run, m_run, b, h, bh, row0, g, t, bhkv);
     tile_stamp(4);
-    g0 += n_kblocks;
+    g0 = ws_ring_after<STAGES>(g0, n_kblocks);  // as the producer's
   }
   if constexpr (kTma && SAGE_WG_TMA_STORE != 0) {
     // the output boxes in flight read this CTA's shared memory: done before it exits
