@@ -213,7 +213,9 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     The sm75 family passes torch.float16. When P.V runs in float16 on a bfloat16 V, V is divided by
     its per-channel power of two `fp16_v_scale` before the fp16 rounding and each output channel is
     multiplied back, as the sm75 family does: V's fp16 copy is finite, and with "fp32" accumulation
-    so is the output. The sm80 family's fp16-accumulating modes convert V unscaled. This gives bit
+    so is the output. A float32 or float64 V (no kernel takes one: such calls run SDPA) is scaled
+    the same way, so a value past 65504 does not turn into inf (and the output into inf or NaN).
+    The sm80 family's fp16-accumulating modes convert V unscaled. This gives bit
     for bit what an unscaled conversion gives (what those kernels are checked against) in output
     channel d of a batch and kv head's queries whenever max |V[..., d]| over that batch and kv
     head's tokens is <= 32768: the scale is 1 there, and x / 1 * 1 changes nothing. Above 32768
@@ -264,7 +266,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
         raise ValueError(f"pv16={pv16!r} is not accepted with pv_accum_dtype={pv_accum_dtype!r}; use "
                          "torch.float16, or torch.bfloat16 with 'fp32' accumulation")
     if pv_dtype == "fp16":
-        v_scale = fp16_v_scale(v_s) if pv16 == torch.float16 and v.dtype == torch.bfloat16 else None
+        v_scale = fp16_v_scale(v_s) if pv16 == torch.float16 and v.dtype != torch.float16 else None
         v_terms = [(v_s if v_scale is None else v_s / v_scale).to(pv16).float()]
         p_scale = 1.0
     else:

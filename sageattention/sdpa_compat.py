@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from . import core, dispatch
 from .dispatch import record_backend
-from .inputs import check_scale
+from .inputs import check_scale, numpy_number
 
 __all__ = ["patch_sdpa", "scaled_dot_product_attention"]
 
@@ -41,6 +41,15 @@ def _torch_handles_it(query, key, value, enable_gqa) -> str | None:
     return None
 
 
+def _bool_as_float(value):
+    """A dropout_p or scale as torch's SDPA reads it: a bool (Python's, numpy's or a 0-d bool
+    tensor) is 0.0 or 1.0 there (`dropout_p=self.training and p` gives False), where sageattn's
+    checks refuse a bool; any other value unchanged (checked where it is used)."""
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.dtype == torch.bool and value.dim() == 0 else value
+    return float(value) if isinstance(numpy_number(value), bool) else value
+
+
 def _autocast(*tensors):
     """The tensors as torch's autocast passes them to SDPA (on its lower-precision list): under an
     enabled autocast of their device, floating-point ones but float64 in the autocast dtype, so the
@@ -59,6 +68,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Same signature and semantics as SDPA ([batch, heads, tokens, head_dim] inputs); calls that the
     quantized kernels cannot serve (masks without Triton, dropout, grad, fp32, CPU...) run torch's SDPA.
     """
+    dropout_p, scale = _bool_as_float(dropout_p), _bool_as_float(scale)
     why_torch = _torch_handles_it(query, key, value, enable_gqa)
     if why_torch is not None:
         # a forced quantized backend never falls back silently, here neither (docs/api.md)
