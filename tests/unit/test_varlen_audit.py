@@ -254,22 +254,15 @@ def case_quant_scale_index_past_2_31() -> dict:
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
-def test_varlen_kernel_scale_index_past_2_31(monkeypatch):
+@pytest.mark.parametrize("case, second", [("scale_index_past_2_31", "finite"),
+                                          ("quant_scale_index_past_2_31", "nonzero")])
+def test_kernel_scale_index_past_2_31(monkeypatch, case, second):
     pytest.importorskip("triton")
-    monkeypatch.setenv(CASE_ENV, "scale_index_past_2_31")
-    res = run_worker(__file__, timeout=300)   # the unfixed kernel crashed the worker (SIGSEGV)
+    monkeypatch.setenv(CASE_ENV, case)
+    res = run_worker(__file__, timeout=300)   # the unfixed kernels crashed the worker (SIGSEGV)
     if "skipped" in res:
         pytest.skip(res["skipped"])
-    assert res["equal"] and res["finite"], res
-
-
-def test_quant_kernel_scale_index_past_2_31(monkeypatch):
-    pytest.importorskip("triton")
-    monkeypatch.setenv(CASE_ENV, "quant_scale_index_past_2_31")
-    res = run_worker(__file__, timeout=300)   # the unfixed kernel crashed the worker (SIGSEGV)
-    if "skipped" in res:
-        pytest.skip(res["skipped"])
-    assert res["equal"] and res["nonzero"], res
+    assert res["equal"] and res[second], res
 
 
 # --- messages of malformed offsets -------------------------------------------------------------------
