@@ -36,7 +36,10 @@ except FactoryError as _exc:  # a broken matrix stops here, its problems listed,
 
 def _call(session: nox.Session, main, argv: list[str]) -> None:
     """Run a factory main(argv) in-process; a non-zero exit fails the session."""
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's --help or usage error: this session's result, not nox's
+        code = exc.code
     if code:
         session.error(f"exit status {code}")
 

@@ -64,10 +64,16 @@ def _as_list(value: Any) -> list:
 
 
 def _version_string(value: Any, field: str, where: str, problems: list[str]) -> str | None:
-    # YAML reads 3.10 as the float 3.1, so versions must be quoted strings.
+    # YAML reads 3.10 as the float 3.1, so versions must be quoted strings. The number cannot
+    # say how it was written (3.1 or 3.10?), so the hint is the example, not the number quoted.
+    if value is None:
+        problems.append(f"{where}: field {field!r} has no value; write e.g. "
+                        f"{field}: {EXAMPLES[field]}")
+        return None
     if not isinstance(value, str):
         problems.append(f"{where}: field {field!r}: {value!r} must be a quoted string "
-                        f"(YAML reads unquoted 3.10 as 3.1); write {field}: \"{value}\"")
+                        f"(YAML reads unquoted 3.10 as the number 3.1); quote the version as "
+                        f"you meant it, e.g. {field}: {EXAMPLES[field]}")
         return None
     try:
         version = Version(value)

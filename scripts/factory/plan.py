@@ -14,7 +14,8 @@ from packaging.version import Version
 
 from . import arch, repair
 from .arch import REPO_ROOT
-from .host import Host, Interpreter
+from .errors import ToolchainError
+from .host import BUILD_PYTHON_ENV, Host, Interpreter
 from .model import Cell
 
 
@@ -54,14 +55,20 @@ def plan_cell(cell: Cell, host: Host, *, repair_wheels: bool = True,
     interp = (fitting or list(candidates) or [None])[0]
     if interp is None:
         return CellPlan(cell, False, f"no Python {cell.python} interpreter here (looked for "
-                                     f"python{cell.python} on PATH); install it, or build on "
-                                     f"runner: {runner}", families=builds)
+                                     f"python{cell.python} on PATH and ${BUILD_PYTHON_ENV}); "
+                                     f"install it or point {BUILD_PYTHON_ENV} at one, or build "
+                                     f"on runner: {runner}", families=builds)
     if host.nvcc is None:
         return CellPlan(cell, False, "nvcc not found: set CUDA_HOME to a CUDA "
                                      f"{cell.cuda} toolkit", families=builds)
     if Version(host.nvcc).major != Version(cell.cuda).major:
         return CellPlan(cell, False, f"nvcc {host.nvcc} cannot build a CUDA {cell.cuda} cell "
                                      "(major versions differ); set CUDA_HOME", families=builds)
+    try:  # the rest of the check setup.py makes, here: before a venv and torch are installed
+        arch.check_toolchain(Version(host.nvcc), cell.cuda, builds)
+    except ToolchainError as exc:
+        return CellPlan(cell, False, f"{exc}; set CUDA_HOME to a CUDA {cell.cuda} "
+                                     "toolkit", families=builds)
     if repair_wheels and not host.has_repair_tool:
         tool = repair.repair_tool(cell.os)
         return CellPlan(cell, False, f"{tool} is not installed (pip install {tool}), or pass "
