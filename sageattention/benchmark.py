@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 from dataclasses import asdict
@@ -325,6 +326,13 @@ def known_backends() -> list[str]:
     return [b for b in BACKEND_NAMES if b != "sdpa"]
 
 
+def command_line(argv: list[str]) -> str:
+    """This command as run with arguments ``argv``, for the JSON's environment.command: capture()
+    quotes sys.argv, which holds the module's file under `python -m` (and `python
+    .../sageattention/benchmark.py` does not run), or a caller's command line when main() is called."""
+    return shlex.join([sys.executable, "-m", "sageattention.benchmark", *argv])
+
+
 def document(result: dict, device) -> dict:
     """What ``--json`` writes: the results, what they ran on (``environment``, as in a validation
     report: GPU, capability, torch, Triton, date, command) and the calibration the default dispatch
@@ -487,8 +495,12 @@ def write_output(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:  # an error or Ctrl-C half way: no half-written temporary left beside it
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def cuda_device_arg(text: str) -> str:
@@ -532,18 +544,44 @@ def given_options(parser: argparse.ArgumentParser, args, dests) -> list[str]:
             if getattr(args, d) != parser.get_default(d)]
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help formatter (here and in python -m sageattention.calibrate), except that the
+    description and epilog keep their paragraphs (blank lines between) and print a paragraph with
+    indented lines, the examples, as written; argparse ran them all into one paragraph."""
+
+    def _fill_text(self, text, width, indent):
+        paragraphs = []
+        for para in text.split("\n\n"):
+            lines = para.splitlines()
+            if any(line.startswith("  ") for line in lines):  # examples: as written
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(paragraphs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m sageattention.benchmark",
+        prog="python -m sageattention.benchmark", formatter_class=HelpFormatter,
         description="Time sageattn and each backend against SDPA's default backend on the same "
                     "inputs (quantization included) and print TOPS, speed-ups and their "
                     "geometric mean. Attention microbenchmarks, not end-to-end speed-ups.",
-        epilog="Exit status: 0 every case's sageattn figure was timed; 1 some case's sageattn call "
+        epilog="Examples:\n"
+               "  python -m sageattention.benchmark                     # the 20 standard cases\n"
+               "  python -m sageattention.benchmark --seq-len 1024 8192 --head-dim 64 128 --causal no\n"
+               "  python -m sageattention.benchmark --cases wide --json bench.json\n"
+               "  python -m sageattention.benchmark --also cuda-sm80-fp16@fp16 --rounds 1\n"
+               "  python -m sageattention.benchmark --render bench.json --markdown bench.md\n\n"
+               "The JSON (--json) records the figures, the method (timer, warm-up, repetitions, "
+               "rounds, baseline) and the environment (GPU, capability, torch, Triton, date and "
+               "the command that made it); it is written whole or not at all, its folder created "
+               "if missing.\n\n"
+               "Exit status: 0 every case's sageattn figure was timed; 1 some case's sageattn call "
                "failed (the table names the error; the other figures are still printed and "
                "written); 2 bad arguments, no GPU, or a file that cannot be read or rendered.")
     p.add_argument("--cases", choices=("standard", "wide"), default="standard",
-                   help="standard: the 20 cases of design.md; wide: seq 1024..32768 x d 64/128 "
-                        "x causal, b*n=32768, 32 heads")
+                   help="standard: the 20 cases of design.md (default); wide: seq 1024..32768 x d "
+                        "64/128 x causal, b*n=32768, 32 heads")
     p.add_argument("--dtype", nargs="+", action=ListOption, choices=sorted(DTYPES), default=["fp16", "bf16"],
                    help="the Q/K/V dtypes of the cases, --cases or the grid (default: fp16 bf16)")
     grid = p.add_argument_group("custom grid (any of these replaces --cases with their product)")
@@ -565,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "dispatcher's choice)")
     p.add_argument("--also", nargs="*", action=ListOption, default=None, metavar="BACKEND", type=timed_name_arg,
                    help="other backends to time, forced (default: every known backend except "
-                        "sdpa; those that cannot run here are reported with the reason); "
+                        "sdpa; those that cannot run here are reported with the reason; --also "
+                        "with no name: none); "
                         f"BACKEND{MODE_SEPARATOR}ACCUM times that backend with pv_accum_dtype=ACCUM, "
                         f"e.g. cuda-sm80-fp16{MODE_SEPARATOR}fp16")
     p.add_argument("--warmup-ms", type=milliseconds_arg, default=TIMER_WARMUP_MS,
@@ -619,6 +658,7 @@ def _write_markdown(doc: dict, source: str, path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     repeated = sorted({n for i, n in enumerate(args.also or []) if n in args.also[:i]})
@@ -711,6 +751,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name}: {value:.3f}x" if value else f"  {name}: did not run")
     print("\n".join(speed_goals.section(result, torch.cuda.get_device_name(device))))
     doc = document(result, device) if args.json or args.markdown else None
+    if doc is not None:
+        doc["environment"]["command"] = command_line(argv)
     try:
         if args.json:
             write_output(args.json, json.dumps(doc, indent=2))

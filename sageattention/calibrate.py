@@ -251,12 +251,16 @@ def out_mismatch(out: Path, capability, gpu_name: str) -> str | None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG,
+        prog=PROG, formatter_class=benchmark.HelpFormatter,
         description="Measure SDPA and every sageattention backend on the calibration grid and write "
                     "the calibration table that sageattn's dispatcher reads to pick the fastest "
                     "backend per shape (SDPA included), or build that table from a stored benchmark "
                     "JSON without a GPU.",
-        epilog=f"Grid: the 20 standard benchmark cases plus, for {' and '.join(DTYPES)}, head dims "
+        epilog=f"Examples:\n"
+               f"  {PROG} --out sageattention/calibration/sm90.json --benchmark-json bench.json\n"
+               f"  {PROG} --out sageattention/calibration/sm90-nvidia-h200.json   # that model alone\n"
+               f"  {PROG} --from-benchmark bench.json --out sageattention/calibration/sm90.json   # no GPU\n\n"
+               f"Grid: the 20 standard benchmark cases plus, for {' and '.join(DTYPES)}, head dims "
                f"{' and '.join(map(str, EXTRA_HEAD_DIMS))}, causal and not, (batch, seq_len) in "
                f"{', '.join(f'({b}, {n})' for b, n in EXTRA_SHAPES)} with {EXTRA_HEADS} heads, and "
                f"non-causal (batch, seq_len, kv_len) in "
