@@ -7,7 +7,8 @@
 
 The headline ``sageattn`` figure is the default dispatch (calibration included: on a GPU with a
 calibration table it may be SDPA) and each row records the backend that ran; every backend is also
-timed forced. The JSON carries the environment (GPU, capability, torch, Triton, date, command), so
+timed forced. The JSON carries the environment (GPU, capability, torch, Triton, date, and the
+command that reruns it: ``<python> -m sageattention.benchmark ARGS``), so
 ``python -m sageattention.calibrate --from-benchmark`` can build a calibration table from it.
 
 Every timing is end to end (quantization included), on the same inputs, in this one process: the

@@ -25,14 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "this GPU, forced; a call that ends on another backend (the SDPA fallback, a\n"
                     "Triton kernel) fails the check. Bars: INT8 QK + FP16 PV cosine >= 0.9998 and\n"
                     "relative L1 <= 0.02; INT8 QK + FP8 PV cosine >= 0.9993 and relative L1 <= 0.04;\n"
-                    "any NaN/Inf output fails.\n\n"
+                    "any NaN/Inf output fails, and so does a NaN/Inf fp32 reference.\n\n"
                     "Exit status: 0 no check failed (some may have been skipped: the summary line\n"
-                    "counts them), 1 a check failed, 2 refused (no GPU, no kernel for this GPU, bad\n"
-                    "arguments).",
+                    "counts them), 1 a check failed, 2 refused (no GPU, no kernel for this GPU, build\n"
+                    "info whose sm_targets cannot be read, bad arguments).",
         epilog="check ids:\n" + ids)
     p.add_argument("--json", metavar="PATH", type=output_file_arg,
                    help="write the result document here (strict JSON: a NaN/Inf figure is null; "
-                        "written whole at the end, also when a check failed)")
+                        "its accuracy section counts each backend's NaN/Inf outputs as "
+                        "non_finite; written whole at the end, also when a check failed)")
     p.add_argument("--quick", action="store_true",
                    help="every check still runs (500 stress calls included), with fewer "
                         "boundary lengths and stream repeats and torch.compile traced with "

@@ -7,7 +7,8 @@ the speed-up chart ``<stem>.speedup.svg`` beside it.
 A note is structured like shared/seeds/sm75-turing-release-notes.txt and states only what its own
 report shows: a Windows wheel's note never carries a Linux run (the report is refused), and a run
 of PTX through the driver's JIT is named as such, never as validation on that architecture's
-hardware. Limitations come from the kernel family table and capability table the report carries
+hardware, and names only the code paths whose PTX ran (a multi-SM wheel's others are stated as not
+verified). Limitations come from the kernel family table and capability table the report carries
 (the wheel's own), falling back to the checkout's sageattention/native/families.json.
 """
 

@@ -1,14 +1,20 @@
 """Assemble a release folder from built wheels and their validation reports: validated wheels only.
 
-A wheel is accepted only when ``<reports>/<wheel stem>.report.json`` exists, names this wheel,
-carries its sha256, has no failed check (and at least one passed one), and says it ran on a GPU
-this wheel can run on; and when its notes ``<reports>/<wheel stem>.md`` are exactly what
+A wheel is accepted only when ``<reports>/<wheel stem>.report.json`` exists, names this wheel
+(file name, version and tags), carries its sha256 and the wheel's own build info, names the
+wheel's CUDA kernels for the run's GPU (``expectation.native_backends``), has no failed check and
+at least one passed check that ran one of those kernels, and says it ran on a GPU this wheel can
+run on, with the wheel's torch, CUDA and Python; when the wheel's METADATA and build info agree
+with its file name; and when its notes ``<reports>/<wheel stem>.md`` are exactly what
 ``python -m scripts.factory.notes`` generates from that report (notes are generated, never written
-or edited by hand). Everything else is refused, with the reasons, and is not copied.
+or edited by hand). Everything else is refused, with the reasons, and is not copied. Accepted
+wheels of two versions, or two builds of one matrix cell, stop the release (exit 2, nothing
+written). docs/release.md lists every rule.
 
 The release folder holds (flat, so it can be uploaded as GitHub release assets as-is)::
 
-    <wheels>.whl  <stem>.md (notes)  <stem>.report.json  manifest.json  SHA256SUMS  RELEASE_BODY.md
+    <wheels>.whl  <stem>.md (notes)  <stem>.speedup.svg  <stem>.report.json  manifest.json
+    SHA256SUMS  RELEASE_BODY.md
     simple/<local label>/sageattention/index.html   (PEP 503, see scripts/factory/index.py)
 
 ``manifest.json`` is what ``scripts/pick_wheel.py`` reads; docs/release.md documents its format.
@@ -755,7 +761,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             f"exit codes: {EXIT_OK} all wheels accepted (or some refused with --allow-partial); "
             f"{EXIT_REFUSED} some refused (release still written with the accepted ones); "
-            f"{EXIT_USAGE} bad arguments or inputs, or --out could not be written; "
+            f"{EXIT_USAGE} bad arguments or inputs (also: accepted wheels of two versions, or "
+            "two builds of one matrix cell), or --out could not be written; "
             f"{EXIT_NOTHING} no wheel accepted (nothing written)"
         ),
     )

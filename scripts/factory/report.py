@@ -4,8 +4,9 @@ A report is ``release_notes/<wheel file name without .whl>.report.json``. It is 
 suite's result document (``python -m sageattention.validation --json``) plus the wheel's identity,
 checked, and written atomically. The fields other code relies on (docs/architecture.md):
 ``schema_version``, ``wheel.filename``, ``wheel.sha256``, ``environment.gpu_name``,
-``environment.compute_capability``, ``execution``, ``checks[]`` (``name``, ``status``,
-``backend``), ``performance.cases[]`` (``speedup_vs_sdpa``), ``performance.geomean_speedup_vs_sdpa``.
+``environment.compute_capability``, ``execution``, ``expectation.native_backends[]`` (``name``,
+``ptx_arch``), ``build_info``, ``checks[]`` (``name``, ``status``, ``backend``),
+``performance.cases[]`` (``speedup_vs_sdpa``), ``performance.geomean_speedup_vs_sdpa``.
 The other fields a note or chart states are type-checked here too (``_check_stated_fields``), so a
 report that loads always renders.
 Stdlib and ``packaging`` only: it runs on offline GPU runners.
