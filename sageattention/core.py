@@ -587,9 +587,11 @@ def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=Fa
 def sageattn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False,
                     sm_scale=None, smooth_k=True, **kwargs):
     """Attention over packed sequences: q `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]`, sequence i
-    being rows `cu_seqlens[i]:cu_seqlens[i+1]`. Runs the Triton varlen kernel where it can, else
-    SDPA per sequence. Causal is top-left within each sequence (SDPA's is_causal). Keywords: SDPA's
-    `scale`, `dropout_p` and `enable_gqa`; `attn_mask` and `return_lse=True` are refused."""
+    being rows `cu_seqlens[i]:cu_seqlens[i+1]` (int32 or int64 offsets, on q's device or the CPU;
+    max_seqlen_q/k at least the longest sequence). Runs the Triton varlen kernel where it can, else
+    SDPA per sequence (also past 2**31 - 1 packed tokens). Causal is top-left within each sequence
+    (SDPA's is_causal). Keywords: SDPA's `scale`, `dropout_p` and `enable_gqa`; `attn_mask` and
+    `return_lse=True` are refused. The offsets are read on the host: no CUDA graph capture."""
     params = dict(max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, is_causal=is_causal,
                   sm_scale=sm_scale, smooth_k=smooth_k)
     return _traceable("sageattn_varlen", q, k, v, params, kwargs,
