@@ -44,13 +44,18 @@ class Api:
     # A context in which sageattn walks the static preference order, not the calibration table.
     static_dispatch: Callable[[], ContextManager] = field(default=contextlib.nullcontext)
 
-    def run(self, backend: str | None, *args, **kwargs) -> tuple[Any, str | None]:
-        """Call sageattn (forcing ``backend`` when given); return the result and what ran."""
+    def call(self, fn: Callable, backend: str | None, *args, **kwargs) -> tuple[Any, str | None]:
+        """Call ``fn`` (forcing ``backend`` when given); return the result and what ran: None when
+        the call recorded no backend, never the backend of the call before it."""
         ctx = self.force_backend(backend) if backend else contextlib.nullcontext()
         self.clear_last_backend()
         with ctx:
-            out = self.sageattn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         return out, self.last_backend()
+
+    def run(self, backend: str | None, *args, **kwargs) -> tuple[Any, str | None]:
+        """Call sageattn (forcing ``backend`` when given); return the result and what ran."""
+        return self.call(self.sageattn, backend, *args, **kwargs)
 
     @classmethod
     def from_package(cls) -> "Api":

@@ -62,10 +62,7 @@ def public_api(ctx: Context, rec: Recorder, backend):
                 kwargs["qk_quant_gran"] = spec["qk_quant_gran"][0]
             if spec.get("pv_accum_dtype"):
                 kwargs["pv_accum_dtype"] = spec["pv_accum_dtype"][0]
-            ctx.api.clear_last_backend()  # a call that records no backend must not read as native
-            with ctx.api.force_backend(native.name):
-                out = fn(q, k, v, **kwargs)
-            ran = ctx.api.last_backend()
+            out, ran = ctx.api.call(fn, native.name, q, k, v, **kwargs)
             rec.saw(ran)
             rec.require(ran == native.name, f"{fname}() ran {ran}, expected {native.name}")
             rec.compare(f"{fname}({', '.join(f'{a}={b!r}' for a, b in kwargs.items())})", out,
@@ -204,18 +201,9 @@ def compiled(ctx: Context, rec: Recorder, backend):
     for seed in (10, 11):
         q, k, v = make_qkv(p.batch, p.heads, p.seq_len, 128, dtype=F16, device=ctx.device,
                            seed=seed)
-        ctx.api.clear_last_backend()  # a compiled path that records none must not read as native
-        with ctx.api.force_backend(backend) if backend else _null():
-            out = fn(q, k, v)
-        ran = ctx.api.last_backend()
+        out, ran = ctx.api.call(fn, backend, q, k, v)
         rec.saw(ran)
         if backend is not None:
             rec.require(ran == backend, f"under torch.compile forced {backend} but {ran} ran")
         rec.compare(f"torch.compile({p.compile_backend}) inputs #{seed}", out,
                     reference(q, k, v, is_causal=True), ran=ran)
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()
