@@ -88,17 +88,19 @@ def _sass_that_ran(sms: list[tuple[int, bool]], gpu_sm: int) -> int | None:
     return max(fits) if fits else None
 
 
-def _ptx_that_ran(report: dict, ran: list[str]) -> tuple[list[str], list[int]]:
+def _ptx_that_ran(report: dict, ran: list[str],
+                  sms: list[tuple[int, bool]]) -> tuple[list[str], list[int]]:
     """The PTX a PTX-JIT run compiled (['compute_75']) and its SMs ([75]): the ptx_arch of the
-    expected native backends that ran in a check (all expected ones when none is seen to run).
-    Only these code paths were checked, not every SM the wheel targets (an sm75+sm80 wheel on an
-    sm_90 GPU runs only its compute_75 PTX there)."""
+    expected native backends that ran in a check (all expected ones when none is seen to run;
+    every SM the wheel targets when the report names no PTX). Only these code paths were checked,
+    not every SM the wheel targets (an sm75+sm80 wheel on an sm_90 GPU runs only its compute_75
+    PTX there)."""
     expected = [b for b in (report.get("expectation") or {}).get("native_backends") or []
                 if b.get("ptx_arch")]
     seen = [b for b in expected if b.get("name") in ran] or expected
     arches = sorted({b["ptx_arch"] for b in seen})
-    sms = sorted({int(m[1]) for a in arches if (m := re.match(r"compute_(\d+)", a))})
-    return arches, sms
+    ptx_sms = sorted({int(m[1]) for a in arches if (m := re.match(r"compute_(\d+)", a))})
+    return arches, ptx_sms or [sm for sm, _ in sms]
 
 
 def _timer_name(report: dict) -> str:
@@ -236,6 +238,7 @@ def render(report: dict, source_name: str) -> str:
         add(f"- {line}")
     add("")
     ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
+    ptx_arch, ptx_sms = _ptx_that_ran(report, ran, sms) if ptx else ([], [])
     own = reports.own_backends(report)
     if not any(b in own if own else reports.is_native_kernel(b) for b in ran):
         # the execution the report names is how the wheel's kernels would run here; none did
@@ -243,11 +246,9 @@ def render(report: dict, source_name: str) -> str:
             f"on the {gpu} (backends that ran: {', '.join(ran) or 'none'}), so nothing below "
             f"says anything about them.")
     elif ptx:
-        ptx_arch, ptx_sms = _ptx_that_ran(report, ran)
         ptx_name = ", ".join(ptx_arch) or "embedded"
-        # the architectures whose PTX ran (compute_75: Turing), each once; every one the wheel
-        # targets when the report does not name its PTX
-        archs = _arch_names([(sm, True) for sm in ptx_sms] or sms)
+        # the architectures whose PTX ran (compute_75: Turing), each once
+        archs = _arch_names([(sm, True) for sm in ptx_sms])
         code = (f"the {_enumerate(archs, 'and')} code path{'s' if len(archs) > 1 else ''}"
                 if archs else "the wheel's code path")
         hardware = f"{_enumerate(archs, 'or')} hardware" if archs else "its target hardware"
@@ -271,7 +272,7 @@ def render(report: dict, source_name: str) -> str:
     _performance_section(report, perf, ptx, gpu, add)
     _accuracy_section(report, add)
     _limitations_section(report, sms, families, add)
-    _compatibility_section(report, facts, os_name, sms, gpu, ptx, add)
+    _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add)
 
     add("## Wheel")
     add("")
@@ -464,7 +465,7 @@ def _limitations_section(report, sms, families, add) -> None:
         add("")
 
 
-def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
+def _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add) -> None:
     env = report["environment"]
     add(f"## {os_name} compatibility")
     add("")
@@ -483,8 +484,6 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, add) -> None:
     add(f"- PyTorch {env.get('torch', '?')}")
     add(f"- CUDA {env.get('cuda_runtime', '?')}")
     if ptx:
-        ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
-        ptx_sms = _ptx_that_ran(report, ran)[1] or [sm for sm, _ in sms]
         names = ", ".join(_sm_title(sm) for sm in ptx_sms)
         add(f"- the {names} code path as PTX JIT-compiled on the {gpu}; NOT verified on "
             f"{names} hardware")
