@@ -338,8 +338,8 @@ def _check_checks(checks: Any) -> list[str]:
             problems.append(f"{where}.status must be one of {STATUSES}, got {status!r}")
         elif status != "pass" and not isinstance(check.get("reason"), str):
             problems.append(f"{where} ({name}) is {status} without a reason")
-        elif status == "pass" and _failed_parts(check):
-            problems.append(f"{where} ({name}) is pass, but {_failed_parts(check)}: the report "
+        elif status == "pass" and (failed := _failed_parts(check)):
+            problems.append(f"{where} ({name}) is pass, but {failed}: the report "
                             "contradicts itself (a check with a failure fails)")
         if "backend" not in check or not isinstance(check["backend"], (str, type(None))):
             problems.append(f"{where}.backend must be a string or null")
