@@ -235,7 +235,7 @@ def check_toolchain(nvcc: Version, cuda: str, builds: Iterable[FamilyBuild]) -> 
     if nvcc.major != Version(cuda).major:
         raise ToolchainError(
             f"nvcc {nvcc} does not match the cell's CUDA {cuda} (torch's CUDA): the major "
-            f"versions must agree. Set CUDA_HOME to a CUDA {cuda} toolkit.")
+            "versions must agree")
     for build in builds:
         if nvcc < Version(build.family.min_nvcc):
             raise ToolchainError(

@@ -55,7 +55,8 @@ def test_skip_reasons_say_why():
     no_nvcc = plan.plan_cell(cell(), host(nvcc=None))
     assert "nvcc not found" in no_nvcc.reason and "CUDA_HOME" in no_nvcc.reason
     old_nvcc = plan.plan_cell(cell(), host(nvcc="12.8.1"))
-    assert "major versions differ" in old_nvcc.reason
+    assert not old_nvcc.build and "the major versions must agree" in old_nvcc.reason
+    assert old_nvcc.reason.count("CUDA_HOME") == 1 and "CUDA 13.0 toolkit" in old_nvcc.reason
     no_tool = plan.plan_cell(cell(), host(has_repair_tool=False))
     assert "auditwheel is not installed" in no_tool.reason
     assert plan.plan_cell(cell(), host(has_repair_tool=False), repair_wheels=False).build
