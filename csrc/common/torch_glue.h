@@ -61,7 +61,11 @@ inline std::tuple<at::Tensor, at::Tensor> quant_int8(QuantInt8Launcher launch, c
   const int groups = gran != QuantGran::kPerThread ? 1 : (is_key ? 4 : 8);
   const int64_t pad = round_up(X.N, is_key ? 64 : 128);
   at::Tensor mean_c;
-  if (mean.has_value()) mean_c = mean->to(at::kFloat).contiguous();  // shape and device: checked
+  if (mean.has_value()) {
+    mean_c = mean->to(at::kFloat).contiguous();  // shape and device: checked
+    // the kernel loads it by 16-byte vectors (load_mean8): an fp32 slice at an offset is copied
+    if (reinterpret_cast<uintptr_t>(mean_c.data_ptr()) % 16 != 0) mean_c = mean_c.clone();
+  }
   auto out = at::empty({X.B, X.H, pad, X.D}, x.options().dtype(at::kChar));
   auto scale = at::empty({X.B, X.H, pad / block * groups}, x.options().dtype(at::kFloat));
   QuantInt8Params p{};

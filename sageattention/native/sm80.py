@@ -32,8 +32,8 @@ def quant_int8(x, *, tensor_layout, qk_quant_gran, is_key, scale_mult=1.0, mean=
     """
     check_quant_mean(x, mean, tensor_layout)
     load()
-    return torch.ops.sageattention_sm80.quant_int8(x, mean, tensor_layout, qk_quant_gran,
-                                                   bool(is_key), float(scale_mult))
+    return getattr(torch.ops, NAMESPACE).quant_int8(x, mean, tensor_layout, qk_quant_gran,
+                                                    bool(is_key), float(scale_mult))
 
 
 # The accumulation modes whose P.V sums are fp16 (a whole row, or each 64-key block), so V's distance
@@ -62,8 +62,11 @@ def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gra
     load()
     v_mean = None
     if smooth_v and pv_accum_dtype in FP16_ACCUMULATING and v.numel():  # no keys: no mean to take
-        v, v_mean = subtract_token_mean(v, tensor_layout,
-                                        dtype=torch.float16 if v.dtype == torch.bfloat16 else None)
+        # fp16 for a bfloat16 V beside bfloat16 q (the op takes that pair); a V whose dtype is not
+        # q's keeps it, so the op refuses the mix as it does without smooth_v (it was converted, and
+        # an fp16 q with a bfloat16 V ran with smooth_v=True only)
+        to_fp16 = v.dtype == torch.bfloat16 and getattr(q, "dtype", None) == torch.bfloat16
+        v, v_mean = subtract_token_mean(v, tensor_layout, dtype=torch.float16 if to_fp16 else None)
     out, lse = _attention_op(
         q, k, v, tensor_layout, bool(is_causal), float(sm_scale), qk_quant_gran, pv_accum_dtype,
         bool(smooth_k), bool(return_lse))
