@@ -74,3 +74,43 @@ def test_quant_int8_reads_a_mean_at_an_odd_offset_as_an_aligned_one(fam):
     assert res.returncode == 0, f"the child failed (exit {res.returncode}):\n{res.stderr[-4000:]}"
     said = json.loads(res.stdout.strip().splitlines()[-1])
     assert said and all(v == "SAME" for v in said.values()), json.dumps(said, indent=1)
+
+
+def _overlapping(t: torch.Tensor, token_stride: int) -> torch.Tensor:
+    """t's values where they fit, as windows over one buffer: token i of a head starts token_stride
+    elements after token i-1, less than the head dim, so neighbouring tokens share memory."""
+    b, h, n, d = t.shape
+    buf = torch.empty(b * h * (n * token_stride + d), device=t.device, dtype=t.dtype)
+    view = buf.as_strided((b, h, n, d), (h * (n * token_stride + d), n * token_stride + d, token_stride, 1))
+    view.copy_(t)   # overlapping writes: the view then holds whatever landed last, read back below
+    return view
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_backend_reads_overlapping_key_and_value_windows_as_their_copies(dtype):
+    """K and V as as_strided windows whose token stride (8 elements, 16 bytes) is below the head
+    dim: they pass the kernels' 16-byte stride rule, so sm90's V reaches the tensor-map encoder as
+    given. Each backend that takes the call must give what it gives for contiguous copies."""
+    from sageattention import backends
+
+    g = torch.Generator(device="cuda").manual_seed(30)
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    k_win, v_win = _overlapping(k, 8), _overlapping(v, 8)
+    assert k_win.stride(2) == 8 and not k_win.is_contiguous()
+    k_copy, v_copy = k_win.contiguous(), v_win.contiguous()
+    ran = []
+    for name in backends.BACKEND_NAMES:
+        with sageattention.force_backend(name):
+            try:
+                sageattention.select_backend(q, k_win, v_win)
+            except sageattention.BackendUnavailableError:
+                continue
+            got = sageattention.sageattn(q, k_win, v_win)
+            assert sageattention.last_backend() == name
+            want = sageattention.sageattn(q, k_copy, v_copy)
+        torch.cuda.synchronize()
+        assert torch.isfinite(got).all(), name
+        # the same values in: the same output, up to a kernel choice of SDPA's (a misread gives ~0.1)
+        torch.testing.assert_close(got, want, atol=5e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+        ran.append(name)
+    assert "sdpa" in ran and len(ran) > 1, f"only {ran} took the call"
