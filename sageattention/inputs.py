@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 TENSOR_LAYOUTS = ("HND", "NHD")
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
@@ -165,6 +166,25 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
     return AttnProblem(b, hq, hkv, nq, nk, d, tensor_layout, q.dtype, q.device, requires_grad)
 
 
+def _values_unreadable(t: torch.Tensor) -> bool:
+    """Whether t's values cannot be read on the host now: while torch.compile traces or on fake or
+    meta tensors (no data), or while a CUDA graph is being captured (no synchronisation allowed)."""
+    return (torch.compiler.is_compiling() or isinstance(t, FakeTensor) or t.device.type == "meta"
+            or (t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()))
+
+
+def _check_additive_values(mask: torch.Tensor) -> None:
+    """An additive mask holding NaN or +inf makes SDPA return NaN for its rows: refused here, on every
+    path (the Triton kernels refused it already while the SDPA fallback returned NaN for the same
+    call, so the answer depended on the GPU and the installed build). One host read of a flag;
+    skipped where values cannot be read (_values_unreadable)."""
+    if mask.numel() == 0 or _values_unreadable(mask):
+        return
+    if bool((torch.isnan(mask) | (mask == math.inf)).any()):
+        raise ValueError("attn_mask (additive) contains NaN or +inf; SDPA returns NaN for such rows. "
+                         "Use -inf (or False in a bool mask) to hide a key, finite values otherwise")
+
+
 def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     """Validate an SDPA-style mask: bool (True = attend) or additive float, broadcastable to
     [batch, q_heads, q_len, kv_len] (HND terms, whatever the tensor_layout)."""
@@ -188,6 +208,8 @@ def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):
     if not ok:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                          f"[batch, q_heads, q_len, kv_len] = {list(target)}")
+    if attn_mask.dtype != torch.bool:
+        _check_additive_values(attn_mask)
     while attn_mask.dim() < 2:   # a [kv_len] or scalar mask: torch's SDPA indexes dim -2 (IndexError)
         attn_mask = attn_mask.unsqueeze(0)
     return attn_mask
