@@ -169,10 +169,13 @@ def attention(q, k, v, *, tensor_layout: str = "HND", is_causal: bool = False, a
         check_mask(attn_mask, (batch, hq, n_q, k.shape[2]))
         _check_device("attn_mask", attn_mask, q.device)
     scale = _resolve_scale(sm_scale, head_dim)
-    if n_q == 0:
-        out = torch.empty((batch, hq, 0, head_dim), dtype=q.dtype, device=q.device)
-        lse = torch.empty((batch, hq, 0), dtype=torch.float32, device=q.device) if return_lse else None
-        return (out.transpose(1, 2) if tensor_layout == "NHD" else out), lse
+    if n_q == 0 or batch == 0 or hq == 0:
+        # Nothing to compute; and no launch either: the Hopper path's tensor descriptors refuse a
+        # dimension of size 0 (batch 0 failed there with "shape must be positive").
+        out = torch.empty((batch, n_q, hq, head_dim) if tensor_layout == "NHD" else (batch, hq, n_q, head_dim),
+                          dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, hq, n_q), dtype=torch.float32, device=q.device) if return_lse else None
+        return out, lse
 
     # The output is allocated in the caller's layout; the kernel writes it through an HND view.
     out = torch.empty((batch, n_q, hq, head_dim) if tensor_layout == "NHD" else q.shape,

@@ -124,7 +124,9 @@ def _attn_step(acc, l_i, m_i, q, q_scale, K_base, V_base, KS_base, stride_kn, st
         # The tile lies inside one K scale block: one scalar (a per-column vector costs registers).
         scale = tl.load(KS_base + start_n // KBLK) * q_scale
     else:
-        scale = (tl.load(KS_base + cols // KBLK, mask=col_ok, other=0.0) * q_scale)[None, :]
+        # Columns past the end read a positive dummy scale: their scores are -inf on the edge
+        # tiles, and -inf * 0 would be NaN (block_n > KBLK: a KernelConfig with block_n = 128).
+        scale = (tl.load(KS_base + cols // KBLK, mask=col_ok, other=1.0) * q_scale)[None, :]
     if EDGE:
         keep = col_ok[None, :]
         if IS_CAUSAL:
@@ -305,8 +307,12 @@ def run_attention(q, k, v, *, is_causal: bool, attn_mask, sm_scale: float, smoot
     batch, n_heads, n_queries, head_dim = q.shape
     kv_heads, n_keys = k.shape[1], k.shape[2]
     dp = quant.padded_head_dim(head_dim)
-    cfg = config or pick_config(dp, is_causal, attn_mask is not None,
-                                use_tma=tma_available(q.device))
+    # The descriptor tiles only where descriptors can be used (see use_tma below): a padded head
+    # dim, a mask or a misaligned V runs the pointer-load kernel, with that kernel's tiles (the
+    # descriptor config's 4 warps spill 4x more there: 716 against 184 bytes at d=80, sm_90).
+    tma_ok = (tma_available(q.device) and attn_mask is None and head_dim == dp
+              and (v.stride(-1) != 1 or _descriptor_ok(v)))  # a copied V is contiguous
+    cfg = config or pick_config(dp, is_causal, attn_mask is not None, use_tma=tma_ok)
 
     # The mask first: it may refuse the call (NaN / +inf), before any kernel is launched.
     mask_kind, mask_view, block_map = prepare_mask(attn_mask, batch, n_heads, n_queries, n_keys,
