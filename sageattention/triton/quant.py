@@ -246,19 +246,22 @@ def _segment_mean_kernel(X, X_CU, MEAN, sx_n, sx_h, heads,
                          HEAD_DIM: tl.constexpr, D: tl.constexpr, CHUNK: tl.constexpr):
     """MEAN[b, h, :] = fp32 mean of X[cu[b]:cu[b+1], h, :] (zeros for an empty sequence)."""
     # int64: h * sx_h passes 2**31 for a view of [heads, tokens, D] memory (sx_h = tokens * D), and
-    # (b * heads + h) * HEAD_DIM for as many (sequence, head) pairs; the token loop stays int32.
+    # (b * heads + h) * HEAD_DIM for as many (sequence, head) pairs. The loop runs over positions
+    # within the sequence, in int64 like the loop counter: absolute int32 ones, start + i, wrapped
+    # past 2**31 - 1 for a sequence ending near there (negative rows passed the `< end` mask).
     h = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1).to(tl.int64)
-    start = tl.load(X_CU + b)
-    end = tl.load(X_CU + b + 1)
+    start = tl.load(X_CU + b).to(tl.int64)
+    length = tl.load(X_CU + b + 1).to(tl.int64) - start
     offs_d = tl.arange(0, D)
     d_ok = offs_d < HEAD_DIM
     acc = tl.zeros((CHUNK, D), dtype=tl.float32)
-    for tok in range(start, end, CHUNK):
-        offs_n = tok + tl.arange(0, CHUNK)
-        ptrs = X + offs_n.to(tl.int64)[:, None] * sx_n + h * sx_h + offs_d[None, :]
-        acc += tl.load(ptrs, mask=(offs_n < end)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    count = tl.maximum(end - start, 1).to(tl.float32)
+    base = X + start.to(tl.int64) * sx_n + h * sx_h
+    for rel in range(0, length, CHUNK):
+        offs_n = rel + tl.arange(0, CHUNK)
+        ptrs = base + offs_n[:, None] * sx_n + offs_d[None, :]
+        acc += tl.load(ptrs, mask=(offs_n < length)[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    count = tl.maximum(length, 1).to(tl.float32)
     tl.store(MEAN + (b * heads + h) * HEAD_DIM + offs_d, tl.sum(acc, axis=0) / count, mask=d_ok)
 
 
