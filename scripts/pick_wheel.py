@@ -343,6 +343,22 @@ def torch_facts_without_import() -> tuple[str, str | None] | None:
     return None
 
 
+def _interpreter_arch(os_name: str) -> str:
+    """The CPU architecture this interpreter is built for, which is what its wheels must match
+    (pip's rule), not the machine's: platform.machine() says AMD64 to a 32-bit Python on 64-bit
+    Windows, and ARM64 to an x64 Python emulated on Windows on Arm; sysconfig.get_platform() says
+    win32 / win-amd64 / win-arm64, the interpreter's own build. On Linux a 32-bit interpreter on
+    a 64-bit kernel loads only 32-bit wheels."""
+    machine = platform.machine().lower()
+    if os_name == "windows":
+        machine = {"win32": "x86", "win-amd64": "x86_64", "win-arm64": "aarch64"}.get(
+            sysconfig.get_platform().lower(), machine)
+    arch = _ARCH_ALIASES.get(machine, machine)
+    if os_name == "linux" and sys.maxsize <= 2**32:
+        arch = {"x86_64": "x86", "aarch64": "armv8l"}.get(arch, arch)
+    return arch
+
+
 def detect_machine(use_torch: bool = True) -> Machine:
     """Inspect this machine. Never raises for a missing torch or GPU: those are answers."""
     if sys.platform.startswith("linux"):
@@ -356,7 +372,7 @@ def detect_machine(use_torch: bool = True) -> Machine:
     notes: list[str] = []
     machine = Machine(
         os=os_name,
-        arch=_ARCH_ALIASES.get(platform.machine().lower(), platform.machine().lower()),
+        arch=_interpreter_arch(os_name),
         python=(sys.version_info[0], sys.version_info[1]),
         implementation=sys.implementation.name,
         free_threaded=bool(sysconfig.get_config_var("Py_GIL_DISABLED")),
@@ -428,6 +444,9 @@ def load_manifest(source: str) -> tuple[dict, str]:
             base = source
         else:
             path = Path(source)
+            if path.is_dir():
+                raise BadInput(f"--manifest {source} is a folder; give the release's manifest.json "
+                               f"(for a release folder: {path / 'manifest.json'})")
             text = path.read_text(encoding="utf-8")
             base = path.resolve().as_uri()
     except (
@@ -441,6 +460,12 @@ def load_manifest(source: str) -> tuple[dict, str]:
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as exc:
+        if text.lstrip().startswith("<"):  # a release page or a package index, not its manifest
+            raise BadInput(
+                f"--manifest {source} is a web page (HTML), not a release's manifest.json: give "
+                "the manifest.json asset of the release, such as https://github.com/OWNER/REPO/"
+                "releases/download/TAG/manifest.json (not the release page or a package index)"
+            ) from None
         raise BadInput(f"manifest {source} is not JSON: {exc}") from None
     validate_manifest(manifest)
     return manifest, base
@@ -459,6 +484,18 @@ _REQUIRED_WHEEL_KEYS = (
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A PEP 440 version in any spelling packaging.version.Version accepts (v2.2, 2.2.0rc1,
+# 2.2.0.post1.dev2, 1!2.2+local.label): a wheel whose name holds anything else is not a wheel
+# pip installs.
+_PEP440 = re.compile(
+    r"""\s*v?
+    (?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*
+    (?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?[0-9]*)?
+    (?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?
+    (?:[-_.]?dev[-_.]?[0-9]*)?
+    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*""",
+    re.VERBOSE | re.IGNORECASE,
+)
 _TAG_PART = re.compile(r"[A-Za-z0-9_]+")  # one tag of a python, abi or platform tag set
 
 
@@ -491,12 +528,14 @@ def parse_wheel_name(filename: str) -> WheelName:
         raise BadInput(f"{filename!r} is not a wheel file name; {expected}")
     build: tuple[int, str] | tuple[()] = ()
     if len(parts) == 6:
-        match = re.fullmatch(r"(\d+)(.*)", parts[2])
+        match = re.fullmatch(r"([0-9]+)(.*)", parts[2])
         if match is None:
             raise BadInput(f"{filename!r}: build tag {parts[2]!r} must start with a digit")
         build = (int(match.group(1)), match.group(2))
     if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?", parts[0]):
         raise BadInput(f"{filename!r}: {parts[0]!r} is not a project name; {expected}")
+    if not _PEP440.fullmatch(parts[1]):
+        raise BadInput(f"{filename!r}: {parts[1]!r} is not a version (PEP 440); {expected}")
     sets = [p.split(".") for p in parts[-3:]]
     if not all(_TAG_PART.fullmatch(t) for s in sets for t in s):
         raise BadInput(f"{filename!r}: its tags {'-'.join(parts[-3:])!r} are not "
@@ -518,6 +557,14 @@ def validate_manifest(manifest: object) -> None:
         raise BadInput("manifest: 'wheels' must be a list")
     if not isinstance(manifest.get("index") or {}, dict):
         raise BadInput("manifest: 'index' must be an object")
+    index_url = (manifest.get("index") or {}).get("url")
+    if index_url is not None and not isinstance(index_url, str):
+        raise BadInput(f"manifest: index.url must be a URL (a string) or null, got {index_url!r}")
+    refused = manifest.get("refused")
+    if refused is not None and not (isinstance(refused, list) and all(
+            isinstance(r, dict) and isinstance(r.get("filename"), str) for r in refused)):
+        raise BadInput(f"manifest: 'refused' must be a list of {{'filename': ..., 'reasons': "
+                       f"[...]}}, got {refused!r}")
     for i, w in enumerate(wheels):
         if not isinstance(w, dict):
             raise BadInput(f"manifest: wheels[{i}] is not an object")
@@ -531,6 +578,9 @@ def validate_manifest(manifest: object) -> None:
         if not _SHA256.fullmatch(w["sha256"]):
             raise BadInput(f"manifest: wheels[{i}].sha256 must be 64 lowercase hex digits "
                            f"(hashlib's hexdigest), got {w['sha256']!r}")
+        if w.get("index") is not None and not isinstance(w["index"], str):
+            raise BadInput(f"manifest: wheels[{i}].index must be a path such as "
+                           f"'simple/sm75.torch2.12cu130/' or null, got {w['index']!r}")
         if not isinstance(w.get("validation") or {}, dict):
             raise BadInput(f"manifest: wheels[{i}].validation must be an object")
         if not isinstance(w["gpu_targets"], list) or not w["gpu_targets"]:
@@ -580,6 +630,12 @@ def validate_manifest(manifest: object) -> None:
             if not (isinstance(w[key], str) and re.match(r"^\d+\.\d+", w[key])):
                 raise BadInput(f"manifest: wheels[{i}].{key} must be a version such as "
                                f"{example!r}, got {w[key]!r}")
+    first: dict[str, int] = {}
+    for i, w in enumerate(wheels):
+        j = first.setdefault(w["filename"], i)
+        if j != i and wheels[j] != w:  # the same entry twice is harmless; two stories are not
+            raise BadInput(f"manifest: wheels[{j}] and wheels[{i}] are both "
+                           f"{w['filename']!r} but differ; one file has one entry")
     # One release, one version: the wheels differ by their label, never by their version, so
     # which version is newer never decides between them.
     versions = {w["version"].partition("+")[0] for w in wheels}
@@ -594,8 +650,9 @@ def validate_manifest(manifest: object) -> None:
 
 
 def platform_fits(platform_tag: str, m: Machine) -> bool:
-    if m.os == "windows":
-        return platform_tag == ("win32" if m.arch == "x86" else f"win_{_WINDOWS_ARCH_TAG[m.arch]}")
+    if m.os == "windows":  # an arch without a Windows wheel tag (detected, not --env-json)
+        return m.arch in _WINDOWS_ARCH_TAG and platform_tag == (
+            "win32" if m.arch == "x86" else f"win_{_WINDOWS_ARCH_TAG[m.arch]}")
     if m.os != "linux":
         return False
     match = re.fullmatch(r"musllinux_(\d+)_(\d+)_(\w+)", platform_tag)
@@ -631,7 +688,31 @@ def python_fits(interpreter: str, abi: str, m: Machine) -> bool:
 
 
 def _tags(w: dict) -> list[tuple[str, str, str]]:
-    return [tuple(t.split("-")) for t in w["tags"]]  # type: ignore[misc]
+    # tags compare lowercased, as packaging reads them (validate_manifest allows any case)
+    return [tuple(t.lower().split("-")) for t in w["tags"]]  # type: ignore[misc]
+
+
+def _tag_rank(w: dict, m: Machine) -> tuple:
+    """How much pip would prefer this wheel's best tag that fits ``m`` (lower is better), as
+    packaging.tags orders them: the interpreter's own ABI, then abi3 of the newest cpXY, then
+    'none'; within that the most specific platform: the newest manylinux / musllinux glibc
+    (musl), the legacy manylinux names by their glibc, and an unrepaired linux_* last."""
+    best: tuple | None = None
+    for i, a, p in _tags(w):
+        if not (python_fits(i, a, m) and platform_fits(p, m)):
+            continue
+        if a == "abi3":
+            minor = re.fullmatch(r"cp3(\d+)", i)
+            python_rank: tuple = (1, -int(minor.group(1)) if minor else 0)
+        else:
+            python_rank = (0, 0) if a != "none" else (2, 0)
+        libc = _glibc_needed(p) or _musl_needed(p)
+        platform_rank = (0, -libc[0], -libc[1]) if libc else (1, 0, 0) if p.startswith(
+            "linux_") else (0, 0, 0)
+        option = (python_rank, platform_rank)
+        if best is None or option < best:
+            best = option
+    return best or ((9, 0), (9, 0, 0))
 
 
 def wheel_platform_fits(w: dict, m: Machine) -> bool:
@@ -835,15 +916,40 @@ def choose(manifest: dict, m: Machine) -> Verdict:
         (
             lambda w: all(gpu_execution(w, g.cc) for g in m.gpus),
             lambda ws: (
-                "your GPU " + "; ".join(g.describe() for g in m.gpus) + " is not supported by "
-                "any wheel that fits the rest of this machine; they support compute capability "
-                + _fmt_targets(ws)
-                + (" (one wheel must serve every GPU: no wheel serves them all; "
-                   "CUDA_VISIBLE_DEVICES can hide the others)" if len(m.gpus) > 1 else "")
+                "your GPU " + m.gpus[0].describe() + " is not supported by any wheel that fits "
+                "the rest of this machine; they support compute capability " + _fmt_targets(ws)
+                if len(m.gpus) == 1 else
+                # several GPUs: say which of them a wheel serves, not that none is supported
+                "one wheel must serve every GPU, and no wheel that fits the rest of this machine "
+                "serves them all: " + "; ".join(
+                    f"GPU {i} {g.describe()}: "
+                    + (f"{best_for(ws, g)['filename']} serves it" if best_for(ws, g)
+                       else "no wheel serves it") for i, g in enumerate(m.gpus))
+                + "; they support compute capability " + _fmt_targets(ws)
             ),
-            lambda ws: _gpu_todo(listed, m, build),
+            lambda ws: [
+                f"to use only GPU {i} ({g.name}), run this again with CUDA_VISIBLE_DEVICES={i}"
+                for i, g in enumerate(m.gpus) if len(m.gpus) > 1 and best_for(ws, g)
+            ] + _gpu_todo(listed, [g for g in m.gpus if not best_for(ws, g)] or m.gpus, build),
         ),
     ]
+
+    def rank(w: dict, gpus: list[Gpu] = m.gpus):
+        """Lower is better, among wheels that fit everything before the GPUs and serve ``gpus``."""
+        torch_cuda = _version_pair(m.torch_cuda, "torch_cuda")  # type: ignore[arg-type]
+        gpu_rank = max(gpu_execution(w, g.cc)[0] for g in gpus)  # type: ignore[index]
+        cuda = _version_pair(w["cuda"], "cuda")
+        # the exact CUDA first, then the nearest older minor (built for less than torch has)
+        cuda_rank = (cuda != torch_cuda, cuda > torch_cuda, abs(cuda[1] - torch_cuda[1]))
+        # then the tags pip prefers (a manylinux wheel over an unrepaired linux_* one), then
+        # the highest build tag, as pip prefers it (PEP 427); none sorts below every number
+        build = parse_wheel_name(w["filename"]).build
+        return (gpu_rank, cuda_rank, _tag_rank(w, m), -build[0] if build else 1, w["filename"])
+
+    def best_for(ws: list[dict], gpu: Gpu) -> dict | None:
+        """The wheel of ``ws`` the picker names for ``gpu`` alone (CUDA_VISIBLE_DEVICES)."""
+        serving = [w for w in ws if gpu_execution(w, gpu.cc)]
+        return min(serving, key=lambda w: rank(w, [gpu])) if serving else None
 
     def fits(w: dict) -> bool:
         return all(keep(w) for keep, _, _ in steps)
@@ -882,16 +988,6 @@ def choose(manifest: dict, m: Machine) -> Verdict:
         survivors = kept
 
     torch_cuda = _version_pair(m.torch_cuda, "torch_cuda")  # type: ignore[arg-type]
-
-    def rank(w: dict):
-        gpu_rank = max(gpu_execution(w, g.cc)[0] for g in m.gpus)  # type: ignore[index]
-        cuda = _version_pair(w["cuda"], "cuda")
-        # the exact CUDA first, then the nearest older minor (built for less than torch has)
-        cuda_rank = (cuda != torch_cuda, cuda > torch_cuda, abs(cuda[1] - torch_cuda[1]))
-        # the highest build tag, as pip prefers it (PEP 427); none sorts below every number
-        build = parse_wheel_name(w["filename"]).build
-        return (gpu_rank, cuda_rank, -build[0] if build else 1, w["filename"])
-
     best = min(survivors, key=rank)
     execution = "; ".join(
         f"GPU {i}: {gpu_execution(best, g.cc)[1]}"  # type: ignore[index]
@@ -926,11 +1022,11 @@ def choose(manifest: dict, m: Machine) -> Verdict:
 
     for i, g in enumerate(m.gpus):
         if len(m.gpus) > 1 and not native(best, g.cc):
-            native_there = [w for w in gpu_candidates if native(w, g.cc)]
-            if native_there:
+            alone = best_for(gpu_candidates, g)
+            if alone is not None and native(alone, g.cc):
                 cautions.append(
                     f"GPU {i} ({g.name}) runs this wheel as PTX, because one wheel must serve "
-                    f"every GPU; {min(native_there, key=lambda w: w['filename'])['filename']} runs natively there: to use only GPU {i}, "
+                    f"every GPU; {alone['filename']} runs natively there: to use only GPU {i}, "
                     f"run this again with CUDA_VISIBLE_DEVICES={i}"
                 )
     for w in held_back:
@@ -940,11 +1036,11 @@ def choose(manifest: dict, m: Machine) -> Verdict:
     return Verdict(best, execution, None, [], cautions)
 
 
-def _gpu_todo(listed: list[dict], m: Machine, build: str) -> list[str]:
+def _gpu_todo(listed: list[dict], gpus: list[Gpu], build: str) -> list[str]:
     """What to do for GPUs no wheel serves. A GPU older than every target of the whole release is
     said to be so; whether a source build serves it is the build's to say (its kernel families)."""
     oldest = min(_cc_of(t["cc"], "cc") for w in listed for t in w["gpu_targets"])
-    older = [g for g in m.gpus if g.cc < oldest]
+    older = [g for g in gpus if g.cc < oldest]
     if older:
         return [
             f"no wheel of this release runs on compute capability "
@@ -953,6 +1049,12 @@ def _gpu_todo(listed: list[dict], m: Machine, build: str) -> list[str]:
             f"scaled_dot_product_attention",
         ]
     return [build]
+
+
+def _musl_needed(platform_tag: str) -> tuple[int, int] | None:
+    """The musl a musllinux platform tag needs (PEP 656), None for another tag."""
+    match = re.match(r"musllinux_(\d+)_(\d+)_", platform_tag)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _glibc_needed(platform_tag: str) -> tuple[int, int] | None:
@@ -983,7 +1085,11 @@ def _prerelease_torch(version: str | None) -> bool:
 def _resolve(base: str, ref: str) -> str:
     url = urllib.parse.urljoin(base, urllib.parse.quote(ref, safe="/:%#?=&"))
     if url.startswith("file://"):
-        return urllib.request.url2pathname(urllib.parse.urlparse(url).path)
+        parts = urllib.parse.urlparse(url)
+        # a file URL's host is part of its path (a Windows share: file://server/share/...),
+        # except the local host
+        host = "" if parts.netloc in ("", "localhost") else "//" + parts.netloc
+        return urllib.request.url2pathname(host + parts.path)
     return url
 
 
