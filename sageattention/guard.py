@@ -194,7 +194,8 @@ def served_by(info: Mapping[str, Any], capability: tuple[int, int]) -> str | Non
     # Build info without its families (written before they were recorded): PTX reaches every
     # newer GPU, as the driver would run it.
     families = load_families() if wheel_families else None
-    for ptx in sorted(info.get("ptx") or [], reverse=True):
+    # newest first, by number (as text, compute_75 sorted before compute_100)
+    for ptx in sorted(info.get("ptx") or [], key=lambda name: int(name.split("_")[1]), reverse=True):
         ptx_sm = int(ptx.split("_")[1])
         reach = None if families is None else wheel_ptx_serves(families, wheel_families, ptx_sm)
         if ptx_runs_on(reach, ptx_sm, device):

@@ -516,7 +516,7 @@ class WheelName:
 
 def parse_wheel_name(filename: str) -> WheelName:
     """Parse a wheel file name as packaging.utils.parse_wheel_filename does (the picker needs only
-    the standard library; tests/unit/test_picker_manifest.py checks the two agree). BadInput says
+    the standard library; tests/unit/test_picker_audit.py checks the two agree). BadInput says
     what is wrong."""
     expected = ("expected '<name>-<version>[-<build>]-<python tag>-<abi tag>-<platform tag>.whl' "
                 "(for example sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-"

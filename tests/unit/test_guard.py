@@ -76,6 +76,13 @@ def test_plus_ptx_runs_only_on_the_gpus_its_families_serve():
     assert "compute_89 PTX" in guard.served_by(legacy, (12, 0))
 
 
+def test_the_newest_ptx_that_runs_is_named_by_number_not_text():
+    legacy = {k: v for k, v in INFO.items() if k != "families"}
+    both = dict(legacy, ptx=["compute_75", "compute_100"])   # as text, compute_75 sorts last
+    assert "compute_100 PTX" in guard.served_by(both, (12, 0))
+    assert "compute_75 PTX" in guard.served_by(both, (9, 0))   # compute_100 cannot run there
+
+
 def test_a_gpu_no_family_serves_is_pointed_at_the_embedded_ptx_wheel():
     msg = guard.device_problem(ADA_PTX, (12, 0), "NVIDIA RTX 5090 (cuda:0)")
     assert "cannot run on NVIDIA RTX 5090 (cuda:0) (sm120)" in msg
