@@ -18,8 +18,10 @@ not fit the op's schema take the eager path (which raises the usual error for th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import threading
 from typing import Optional
 
 import torch
@@ -37,10 +39,11 @@ def sageattn_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Op
 
     if scale_tensor is not None:   # a scale that is data (_data_scale): its value checked here
         sm_scale = scale_tensor
-    result = sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
-                      return_lse=return_lse, **_options(attn_mask, dropout_p, enable_gqa,
-                                                        qk_quant_gran, pv_accum_dtype, smooth_k,
-                                                        smooth_v))
+    with _running_op():
+        result = sageattn(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+                          return_lse=return_lse, **_options(attn_mask, dropout_p, enable_gqa,
+                                                            qk_quant_gran, pv_accum_dtype, smooth_k,
+                                                            smooth_v))
     out, lse = result if return_lse else (result, None)
     # Outputs are fresh, contiguous tensors in q's layout (what the fake promises).
     out = out.contiguous()
@@ -61,6 +64,30 @@ def _sageattn_fake(q, k, v, attn_mask, tensor_layout, is_causal, sm_scale, retur
     out = q.new_empty(q.shape)
     lse = q.new_empty((p.batch, p.q_heads, p.q_len) if return_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+# How deep this thread is in the real implementation of one of the ops. torch.compiler.is_compiling()
+# (which core._tracing asks) reads a process-wide flag that torch 2.14 holds for a whole compile
+# session: while one thread compiles, another running a compiled graph got True inside the op's
+# implementation, whose sageattn then called the op again, without end (RecursionError). Inside
+# the implementation the call is never traced: it runs eagerly.
+_op_depth = threading.local()
+
+
+@contextlib.contextmanager
+def _running_op():
+    depth = getattr(_op_depth, "n", 0)
+    _op_depth.n = depth + 1
+    try:
+        yield
+    finally:
+        _op_depth.n = depth
+
+
+def _inside_op() -> bool:
+    """Whether this thread runs an op's real implementation (not while dynamo traces: there the
+    thread-local is not read, so the check adds nothing to the graph and breaks none)."""
+    return not torch.compiler.is_dynamo_compiling() and getattr(_op_depth, "n", 0) > 0
 
 
 def _options(attn_mask, dropout_p, enable_gqa, qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v):
@@ -128,6 +155,8 @@ def _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts) 
 def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, eager):
     """`sageattn` while torch.compile traces: the custom op, or ``eager()`` when it cannot carry
     the call (see the module docstring)."""
+    if _inside_op():
+        return eager()
     if any(name not in SAGEATTN_KEYWORDS for name in kwargs):
         return eager()  # it warns about the unknown keyword
     opts = {**SAGEATTN_KEYWORDS, **kwargs}
@@ -193,10 +222,11 @@ def call_op(function: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if attn_mask is not None:
         kwargs["attn_mask"] = attn_mask
     fn = getattr(core, function)
-    if function == "sageattn_varlen":
-        result = fn(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs)
-    else:
-        result = fn(q, k, v, **kwargs)
+    with _running_op():
+        if function == "sageattn_varlen":
+            result = fn(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs)
+        else:
+            result = fn(q, k, v, **kwargs)
     out, lse = result if kwargs.get("return_lse") else (result, None)
     out = out.contiguous()
     lse = lse.contiguous() if lse is not None else out.new_empty((0,), dtype=torch.float32)
@@ -251,6 +281,8 @@ def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(
     """`function` while torch.compile traces: the custom op, or ``eager()`` when the op cannot carry
     the call (an unknown keyword, a value of a type its slot does not take, or grad without
     `parse`, the function's own validation, which gives the call `grad_sdpa` runs)."""
+    if _inside_op():
+        return eager()
     params = {**params, **kwargs}
     scale_tensor = None
     data = [name for name in ("sm_scale", "scale") if _data_scale(params.get(name)) is not None]
