@@ -238,7 +238,15 @@ def render(report: dict, source_name: str) -> str:
         add(f"- {line}")
     add("")
     ran = sorted({b for c in report["checks"] for b in reports.ran_backends(c)})
-    ptx_arch, ptx_sms = _ptx_that_ran(report, ran, sms) if ptx else ([], [])
+    verdict = _not_verified_verdict(report)
+    # A validated run verifies only the code paths whose PTX ran in a check that passed: one that
+    # ran only in a skipped or failed check is not verified. (A run that validates nothing names
+    # what ran; its verdict says it verified nothing.)
+    passed = sorted({b for c in report["checks"] if c["status"] == "pass"
+                     for b in reports.ran_backends(c)})
+    ptx_arch, ptx_sms = _ptx_that_ran(report, ran if verdict else passed, sms) if ptx else ([], [])
+    unpassed_sms = [sm for sm in (_ptx_that_ran(report, ran, sms)[1] if ptx else [])
+                    if sm not in ptx_sms]
     own = reports.own_backends(report)
     if not any(b in own if own else reports.is_native_kernel(b) for b in ran):
         # the execution the report names is how the wheel's kernels would run here; none did
@@ -252,10 +260,15 @@ def render(report: dict, source_name: str) -> str:
         code = (f"the {_enumerate(archs, 'and')} code path{'s' if len(archs) > 1 else ''}"
                 if archs else "the wheel's code path")
         hardware = f"{_enumerate(archs, 'or')} hardware" if archs else "its target hardware"
-        idle = [a for a in _arch_names(sms) if a not in archs]
-        add(f"**Execution: PTX JIT.** Validated on the {gpu} by running the {ptx_name} PTX "
-            f"through the driver's JIT; this checks {code}, not {hardware}. No result below was "
+        unpassed = [a for a in _arch_names([(sm, True) for sm in unpassed_sms])
+                    if a not in archs]
+        idle = [a for a in _arch_names(sms) if a not in archs and a not in unpassed]
+        add(f"**Execution: PTX JIT.** {'Run' if verdict else 'Validated'} on the {gpu} by running "
+            f"the {ptx_name} PTX through the driver's JIT; this checks {code}, not {hardware}. "
+            f"No result below was "
             f"measured on an {' or '.join(f'SM{sm}' for sm, _ in sms) or 'SM target'} GPU."
+            + (f" The wheel's {_enumerate(unpassed, 'and')} code ran only in checks that did not "
+               "pass (skipped or failed) and is not verified." if unpassed else "")
             + (f" The wheel's {_enumerate(idle, 'and')} code did not run in this validation and "
                "is not verified." if idle else ""))
     else:
@@ -272,7 +285,7 @@ def render(report: dict, source_name: str) -> str:
     _performance_section(report, perf, ptx, gpu, add)
     _accuracy_section(report, add)
     _limitations_section(report, sms, families, add)
-    _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add)
+    _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add, unpassed_sms)
 
     add("## Wheel")
     add("")
@@ -465,7 +478,8 @@ def _limitations_section(report, sms, families, add) -> None:
         add("")
 
 
-def _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add) -> None:
+def _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add,
+                           unpassed_sms=()) -> None:
     env = report["environment"]
     add(f"## {os_name} compatibility")
     add("")
@@ -487,7 +501,11 @@ def _compatibility_section(report, facts, os_name, sms, gpu, ptx, ptx_sms, add) 
         names = ", ".join(_sm_title(sm) for sm in ptx_sms)
         add(f"- the {names} code path as PTX JIT-compiled on the {gpu}; NOT verified on "
             f"{names} hardware")
-        idle = [_sm_title(sm) for sm, _ in sms if sm not in ptx_sms]
+        unpassed = [_sm_title(sm) for sm, _ in sms if sm in unpassed_sms and sm not in ptx_sms]
+        if unpassed:
+            add(f"- NOT verified: the {', '.join(unpassed)} code (it ran only in checks that did "
+                "not pass)")
+        idle = [_sm_title(sm) for sm, _ in sms if sm not in ptx_sms and sm not in unpassed_sms]
         if idle:
             add(f"- NOT verified at all: the {', '.join(idle)} code (it did not run)")
     else:
@@ -552,6 +570,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     paths = args.reports or sorted(args.dir.glob("*" + reports.REPORT_SUFFIX))
     if not paths:
+        orphans = _orphans(args.out_dir or args.dir, set()) if args.check else []
+        if orphans:
+            print("out of date (their report is gone; delete them or restore the report): "
+                  + ", ".join(map(str, orphans)), file=sys.stderr)
+            return 1
         print(f"no reports ({reports.REPORT_SUFFIX}) in {args.dir}: nothing to do")
         return 0
     stale, generated = [], []
@@ -584,10 +607,40 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"error: cannot write {target}: {exc.strerror or exc}", file=sys.stderr)
                     return 2
                 print(f"wrote {target}")
+    # Scanning a folder, --check also finds the notes and charts there whose report is gone: a
+    # note states a run; without its report nothing backs what it says.
+    orphans = (_orphans(args.out_dir or args.dir, {t for g in generated for t in g[:2]})
+               if args.check and not args.reports else [])
+    if orphans:
+        print("out of date (their report is gone; delete them or restore the report): "
+              + ", ".join(map(str, orphans)), file=sys.stderr)
     if stale:
         print("out of date (run nox -s notes): " + ", ".join(map(str, stale)), file=sys.stderr)
-        return 1
-    return 0
+    return 1 if stale or orphans else 0
+
+
+_NOTE_HEADER = "<!-- Generated by scripts/factory/notes.py from "
+
+
+def _orphans(folder: Path, expected: set[Path]) -> list[Path]:
+    """The generated notes and speed-up charts in ``folder`` that no report there generates."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path in expected or not path.is_file():
+            continue
+        if path.name.endswith(charts.CHART_SUFFIX):
+            found.append(path)
+        elif path.name.endswith(NOTE_SUFFIX):
+            try:
+                with path.open(encoding="utf-8", errors="replace") as fh:
+                    head = fh.read(len(_NOTE_HEADER))
+            except OSError:
+                continue
+            if head == _NOTE_HEADER:
+                found.append(path)
+    return found
 
 
 if __name__ == "__main__":
