@@ -685,6 +685,10 @@ def render_body(version: str, entries: list[dict], plan: ReleasePlan, notes: dic
     return "\n".join(lines) + "\n"
 
 
+class WheelChangedError(RuntimeError):
+    """An accepted wheel's bytes changed between its checks and its copy into the release."""
+
+
 def write_release(
     plan: ReleasePlan,
     out_dir: Path,
@@ -704,6 +708,11 @@ def write_release(
         entries, notes, index_entries = [], {}, []
         for item in plan.accepted:
             shutil.copy2(item.path, staging / item.path.name)
+            copied = sha256_of(staging / item.path.name)
+            if copied != item.sha256:   # what is published must be the file that was judged
+                raise WheelChangedError(
+                    f"{item.path.name} changed after it was checked (sha256 {item.sha256} then, "
+                    f"{copied} when copied); run the release again")
             shutil.copy2(item.report_path, staging / item.report_path.name)
             shutil.copy2(item.note_path, staging / item.note_path.name)
             shutil.copy2(item.chart_path, staging / item.chart_path.name)
@@ -872,6 +881,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NOTHING
     try:
         write_release(plan, args.out, args.index_base_url, args.index_url)
+    except WheelChangedError as exc:
+        print(f"error: {exc}; nothing written", file=sys.stderr)
+        return EXIT_NOTHING
     except ValueError as exc:  # the index refuses two accepted wheels it cannot tell apart
         print(f"error: {exc}: keep one of them in {args.wheels}; nothing written",
               file=sys.stderr)

@@ -992,3 +992,23 @@ def test_index_cli_refuses_a_requires_python_that_is_not_a_specifier(tmp_path, c
     err = capsys.readouterr().err
     assert f"manifest wheels[0]: {name}: {words}" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_wheel_changed_after_its_checks_is_not_published(tmp_path, capsys, monkeypatch):
+    # judge_wheel hashes the wheel; write_release copies it later: a file rewritten in between
+    # was published under the hash of the file that was judged
+    wheels = tmp_path / "wheels"
+    shutil.copytree(FIXTURES / "wheels", wheels)
+    judge = release.judge_wheel
+
+    def judge_then_change(path, reports_dir):
+        verdict = judge(path, reports_dir)
+        with open(path, "ab") as fh:
+            fh.write(b"\0")
+        return verdict
+
+    monkeypatch.setattr(release, "judge_wheel", judge_then_change)
+    rc, out = run_release(tmp_path, "--allow-partial", wheels=wheels)
+    assert rc == release.EXIT_NOTHING and not out.exists()
+    assert f"{fx.PASSING} changed after it was checked" in capsys.readouterr().err
+    assert not list(tmp_path.glob(".release.*"))   # the staging folder is removed
