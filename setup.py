@@ -49,6 +49,11 @@ def stop(exc: FactoryError) -> None:
 
 
 config = None
+if compiling and hasattr(sys.stdout, "reconfigure"):
+    # pip (and CI logs) read the build's stdout through a pipe, which Python buffers in 8 KiB
+    # blocks: the per-object and `still compiling` lines of a minutes-long compile would only
+    # show once it ended. One line at a time instead.
+    sys.stdout.reconfigure(line_buffering=True)
 if building:
     try:
         config = source_build.resolve()
@@ -56,7 +61,11 @@ if building:
         stop(exc)
     print(config.describe(), flush=True)
     # torch's extension builder must use the toolkit our kernel objects were compiled with.
-    os.environ.setdefault("CUDA_HOME", str(kernels.cuda_home_of(config.nvcc)))
+    # A CUDA_HOME set but empty counts as unset (as for resolve, which then took nvcc from PATH):
+    # setdefault kept it, and torch then guessed the toolkit from PATH's nvcc without following
+    # a link or wrapper (/usr/bin/nvcc -> headers from /usr/include, another toolkit or none).
+    if not os.environ.get("CUDA_HOME"):
+        os.environ["CUDA_HOME"] = str(kernels.cuda_home_of(config.nvcc))
 
 
 @functools.lru_cache(maxsize=1)  # one build date for every place it is written

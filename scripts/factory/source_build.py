@@ -1,7 +1,8 @@
 """What setup.py builds: SM targets, torch, nvcc, families, version label, checked up front.
 
 setup.py calls :func:`resolve` once. Targets come from, in order:
-``SAGEATTENTION_SM_TARGETS`` ("sm80;sm90+PTX"), ``TORCH_CUDA_ARCH_LIST`` ("8.0;9.0+PTX"),
+``SAGEATTENTION_SM_TARGETS`` ("sm80;sm90+PTX"), ``TORCH_CUDA_ARCH_LIST`` ("8.0;9.0+PTX"; "native"
+means the visible GPUs, as for torch),
 or the GPUs torch can see. ``SAGEATTENTION_CELL`` (set by the factory) names the matrix cell
 the environment must match. Every failure is a ToolchainError saying what is missing and
 what to set.
@@ -70,6 +71,19 @@ def probe_torch(need_gpus: bool = True) -> TorchFacts:
     return TorchFacts(version, cuda, caps)
 
 
+def _torch_arch_items(env: Mapping[str, str]) -> list[str]:
+    """TORCH_CUDA_ARCH_LIST's items ('8.0;8.6+PTX' or '8.0 8.6'), without the empty ones a stray
+    or trailing separator leaves ('8.0;8.6;'); [] when it is unset or holds no item, which torch
+    reads as "the visible GPUs", as it reads 'native'."""
+    return [item for item in re.split(r"[;\s]+", env.get("TORCH_CUDA_ARCH_LIST", "")) if item]
+
+
+def _wants_visible_gpus(env: Mapping[str, str]) -> bool:
+    """No target list is given: SAGEATTENTION_SM_TARGETS is unset (or empty, refused later) and
+    TORCH_CUDA_ARCH_LIST is unset, empty or 'native'."""
+    return not env.get(TARGETS_ENV) and _torch_arch_items(env) in ([], ["native"])
+
+
 def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
                      ) -> tuple[tuple[Target, ...], str]:
     """(targets, where they came from)."""
@@ -84,9 +98,17 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
         except ValueError as exc:
             raise ToolchainError(f"{TARGETS_ENV}={env[TARGETS_ENV]!r}: {exc}"
                                  + _targets_hint(env[TARGETS_ENV])) from None
-    if env.get("TORCH_CUDA_ARCH_LIST"):
+    items = _torch_arch_items(env)
+    if items == ["native"]:  # torch's spelling of "the visible GPUs"
+        if caps:
+            return (parse_targets(";".join(f"sm{a}{b}" for a, b in caps)),
+                    "the visible GPU(s), TORCH_CUDA_ARCH_LIST=native")
+        raise ToolchainError(
+            "TORCH_CUDA_ARCH_LIST=native asks for the visible GPUs, but torch sees no CUDA GPU "
+            f"here; set {TARGETS_ENV} to the GPUs this build is for, e.g. {TARGETS_ENV}='sm80'")
+    if items:
         parts, notes = [], []
-        for item in re.split(r"[;\s]+", env["TORCH_CUDA_ARCH_LIST"].strip()):
+        for item in items:
             match = re.fullmatch(r"(\d+)\.(\d+)([af]?)(\+PTX)?", item)
             if match is None:
                 raise ToolchainError(f"TORCH_CUDA_ARCH_LIST item {item!r} is not like '8.0' or "
@@ -186,7 +208,7 @@ def resolve(env: Mapping[str, str] = os.environ,
             nvcc_identity: Callable[[Path], str] = kernels.nvcc_identity,
             root: Path = arch.REPO_ROOT) -> SourceBuild:
     # GPUs decide the targets only when no target list is set.
-    facts = torch_facts(not (env.get(TARGETS_ENV) or env.get("TORCH_CUDA_ARCH_LIST")))
+    facts = torch_facts(_wants_visible_gpus(env))
     if not facts.cuda:
         raise ToolchainError(
             f"torch {facts.version} is {torch_without_cuda(facts.version)}; sageattention's kernels need a CUDA "
