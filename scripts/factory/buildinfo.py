@@ -46,13 +46,18 @@ def git_commit(root: Path = REPO_ROOT, env: Mapping[str, str] = os.environ) -> s
                   file=sys.stderr)
         return given
     try:
-        result = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+        result = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
                                 capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    commit = result.stdout.strip()
-    if result.returncode != 0 or not re.fullmatch(r"[0-9a-f]{40}", commit):
+    lines = result.stdout.splitlines()
+    if result.returncode != 0 or len(lines) != 2 or not re.fullmatch(r"[0-9a-f]{40}", lines[1]):
         return "unknown"
+    # a source tree without its own .git (an sdist unpacked inside another checkout) is not that
+    # checkout's commit: git answered for the repository above it
+    if Path(lines[0]).resolve() != Path(root).resolve():
+        return "unknown"
+    commit = lines[1]
     dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     return commit + ("-dirty" if dirty else "")

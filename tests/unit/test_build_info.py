@@ -138,3 +138,21 @@ def test_source_commit_is_kept_and_a_short_one_is_warned_about(capsys, given, wa
 def test_a_torch_without_cuda_is_named_rocm_or_cpu_only(version, words):
     # one wording for the import guard and the source build
     assert build_info.torch_without_cuda(version) == words
+
+
+def test_git_commit_is_the_source_trees_own_not_an_enclosing_checkouts(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                       env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+
+    git("init", "-q")
+    (tmp_path / "f").write_text("x")
+    git("add", "f")
+    git("commit", "-q", "-m", "outer")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert buildinfo.git_commit(root=tmp_path, env={}) == head
+    unpacked = tmp_path / "sageattention-2.2.0"   # an sdist unpacked inside that checkout
+    unpacked.mkdir()
+    assert buildinfo.git_commit(root=unpacked, env={}) == "unknown"
