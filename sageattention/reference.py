@@ -148,7 +148,10 @@ def pv16_dtype(v_dtype: torch.dtype, pv_accum_dtype: str) -> torch.dtype:
 
 
 # A bfloat16 V converted to fp16 is divided per channel by the power of two that brings its amax to
-# at most 2^15, the largest power of two below fp16's max (65504). csrc/sm75/launchers.h (kV16Max).
+# at most 2^15, the largest power of two below fp16's max (65504). The sm75 kernel also scales a
+# small channel up, into (2^14, 2^15] (csrc/sm75/v16_scale.h), so that values below fp16's normal
+# range keep their bits; the two give the same fp16 values wherever |V| >= 2^-14 (the scale is a
+# power of two), so this oracle keeps s >= 1, which the fp16-accumulating modes need.
 FP16_V_MAX = 32768.0
 
 

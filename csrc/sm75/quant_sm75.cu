@@ -58,17 +58,6 @@ __global__ void k_mean_finalize_kernel(const float* part, int n_chunks, int kv_l
   mean[bh * D + c] = s / static_cast<float>(kv_len);
 }
 
-// The smallest power of two s >= 1 with amax / s <= kV16Max (sageattention.reference.fp16_v_scale).
-// Every step is exact: x = amax / 2^15; for x = m * 2^e (0.5 <= m < 1), s = x when x is a power
-// of two (m = 0.5), else 2^e. A non-finite amax (an inf or NaN in V) keeps s = 1.
-__device__ __forceinline__ float v16_scale_for(float amax) {
-  const float x = amax * (1.f / kV16Max);
-  if (!(x > 1.f) || isinf(x)) return 1.f;
-  int e;
-  const float m = frexpf(x, &e);
-  return m == 0.5f ? x : ldexpf(1.f, e);
-}
-
 template <int D>
 __global__ void v_scale_finalize_kernel(const float* part, int n_chunks, float* scale) {
   const int h = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
