@@ -37,6 +37,25 @@ def _environment() -> dict:
     return env
 
 
+def shadowed_installs() -> list[str]:
+    """Installed sageattention distributions whose package is not the one imported: from inside a
+    source checkout the checkout's package shadows an installed wheel, which then goes unchecked."""
+    import importlib.metadata as metadata
+
+    here = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for dist in metadata.distributions(name="sageattention"):
+        try:
+            init = os.path.realpath(str(dist.locate_file("sageattention/__init__.py")))
+        except Exception:  # noqa: BLE001 - odd metadata must not break the diagnostics
+            continue
+        where = os.path.dirname(init)
+        text = f"sageattention {dist.version} at {where}"
+        if where != here and os.path.isfile(init) and text not in found:
+            found.append(text)
+    return found
+
+
 def _native_status(info: dict | None, env: dict) -> dict | None:
     """Each of the wheel's kernel families -> None (its extension loads) or why not; None where
     loading is not tried: a source checkout, no torch, or a torch the build does not match
@@ -75,11 +94,65 @@ def dispatch_summary(capability: tuple[int, int], gpu_name: str | None = None) -
     return f"first usable in the static order {order} (no calibration table for this GPU)"
 
 
+def _forced_name() -> str | None:
+    """The backend SAGEATTENTION_BACKEND forces, or None (unset, or not a backend name, which
+    dispatch.environment_problems reports)."""
+    from . import dispatch
+    try:
+        return dispatch.forced_backend(os.environ)
+    except ValueError:
+        return None
+
+
+def forced_backend_problems(info: dict | None, env: dict) -> list[str]:
+    """Why the backend SAGEATTENTION_BACKEND forces cannot run here: forcing never falls back, so
+    each of these makes every sageattn call (on that GPU) raise BackendUnavailableError."""
+    from . import backends, dispatch
+
+    forced = _forced_name()
+    if forced is None or forced == backends.SDPA:
+        return []
+    b = backends.backend(forced)
+    head = f"{dispatch.ENV_VAR}={forced!r} forces a backend that"
+    tail = ("; forcing never falls back, so sageattn raises BackendUnavailableError there (unset "
+            f"{dispatch.ENV_VAR}, or set it to a backend that runs here, or to 'sdpa')")
+    if env.get("gpu_error") or not env.get("gpus"):
+        return [f"{head} needs a CUDA GPU, and none is visible: every sageattn call raises "
+                f"BackendUnavailableError (unset {dispatch.ENV_VAR}, or set it to 'sdpa')"]
+    problems = []
+    if b.kind == "native":
+        families = (info or {}).get("families")
+        why = (env.get("native") or {}).get(b.family)
+        if info is not None and families is not None and b.family not in families:
+            problems.append(f"{head} needs the {b.family} kernel family, which this build does not "
+                            f"carry (families: {', '.join(families) or 'none'}){tail}")
+        elif why is not None:
+            problems.append(f"{head} needs the {b.family} kernel family, which does not load "
+                            f"({why}){tail}")
+    elif b.kind == "triton":
+        import importlib.util
+
+        if importlib.util.find_spec("triton") is None:
+            problems.append(f"{head} needs Triton, which is not installed{tail}")
+    unserved = [gpu for gpu in env["gpus"]
+                if not b.serves(tuple(int(x) for x in gpu["capability"].split(".")))]
+    if unserved:
+        where = ", ".join(f"cuda:{g['index']} {g['name']} (sm{g['capability'].replace('.', '')})"
+                          for g in unserved)
+        problems.append(f"{head} does not run on {where}{tail}")
+    return problems
+
+
 def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
     """(ok, sentences)."""
     if info is None:
-        return True, ["source checkout (no build info): native kernels, if any, were built "
-                      "in place; nothing to check"]
+        lines = ["source checkout (no build info): native kernels, if any, were built "
+                 "in place; nothing to check"]
+        for other in env.get("shadowed") or []:
+            lines.append(f"note: this source tree ({env.get('package_path')}) shadows the installed "
+                         f"{other}, which was not checked: run python -m sageattention from "
+                         "another directory (outside the checkout, without it on PYTHONPATH)")
+        return True, lines
     if env["torch"] is None:
         return False, [f"torch is not importable: {env.get('torch_error')}"]
     lines, ok = [], True
@@ -100,12 +173,13 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
         else:  # a family the wheel carries cannot load: its backends fall back
             ok = False
             lines.append(f"BROKEN: native family {family} does not load: {reason}")
+    forced = _forced_name()
+    cpu = ("sageattn runs PyTorch SDPA on CPU tensors" if forced in (None, "sdpa") else
+           f"sageattn raises on CPU tensors ({forced!r} is forced)")
     if env.get("gpu_error"):
-        lines.append(f"CUDA GPUs could not be queried ({env['gpu_error']}): GPU check skipped; "
-                     "sageattn runs PyTorch SDPA on CPU tensors")
+        lines.append(f"CUDA GPUs could not be queried ({env['gpu_error']}): GPU check skipped; {cpu}")
     elif not env["gpus"]:
-        lines.append("no CUDA GPU visible: GPU check skipped; sageattn runs PyTorch SDPA on "
-                     "CPU tensors")
+        lines.append(f"no CUDA GPU visible: GPU check skipped; {cpu}")
     for gpu in env["gpus"]:
         cap = tuple(int(x) for x in gpu["capability"].split("."))
         how = guard.served_by(info, cap)
@@ -130,12 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = build_info.load()
     env = _environment()
     env["native"] = _native_status(info, env)
+    env["package_path"] = os.path.dirname(os.path.abspath(__file__))
+    env["shadowed"] = shadowed_installs() if info is None else []
     ok, lines = verdict(info, env)
     if env["torch"] is not None:
         from . import dispatch
 
         # a bad SAGEATTENTION_BACKEND / SAGEATTENTION_CALIBRATION makes every sageattn call raise
-        for problem in dispatch.environment_problems():
+        for problem in dispatch.environment_problems() + forced_backend_problems(info, env):
             ok = False
             lines.append("MISCONFIGURED: " + problem)
     if args.json:

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "any NaN/Inf output fails, and so does a NaN/Inf fp32 reference.\n\n"
                     "Exit status: 0 no check failed (some may have been skipped: the summary line\n"
                     "counts them), 1 a check failed, 2 refused (no GPU, no kernel for this GPU, build\n"
-                    "info whose sm_targets cannot be read, bad arguments).",
+                    "info whose sm_targets cannot be read, bad arguments, SAGEATTENTION_BACKEND set,\n"
+                    "a bad SAGEATTENTION_CALIBRATION).",
         epilog="check ids:\n" + ids)
     p.add_argument("--json", metavar="PATH", type=output_file_arg,
                    help="write the result document here (strict JSON: a NaN/Inf figure is null; "
@@ -84,6 +85,25 @@ def write_json(path: str, doc: dict) -> None:
         raise
 
 
+def environment_refusal() -> str | None:
+    """Why SAGEATTENTION_BACKEND / SAGEATTENTION_CALIBRATION as set make the suite's result
+    meaningless, or None. A bad value makes every unforced sageattn call raise. A valid forced
+    backend replaces sageattn's own choice in every unforced call: the default-dispatch checks
+    would blame the dispatcher for it, the mask checks would fail on a native backend that takes
+    no mask, and the performance headline would time it instead of what sageattn picks."""
+    from .. import dispatch
+
+    problems = dispatch.environment_problems()
+    if problems:
+        return "; ".join(problems)
+    forced = dispatch.forced_backend(dict(os.environ))
+    if forced is not None:
+        return (f"{dispatch.ENV_VAR}={forced} forces every sageattn call, but the suite checks "
+                f"what sageattn picks unforced (and forces each native backend itself): unset "
+                f"{dispatch.ENV_VAR} and run it again")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..benchmark import given_options
 
@@ -107,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         checks = select(CHECKS, args.only, args.skip)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    refusal = environment_refusal()
+    if refusal:
+        print(f"refused: {refusal}", file=sys.stderr)
         return 2
     try:
         doc = run_suite(profile=QUICK if args.quick else FULL, checks=checks,

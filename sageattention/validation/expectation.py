@@ -171,6 +171,15 @@ def expect(*, gpu_sm: int, families_table: dict, build_info: dict | None,
         return Expectation("native", gpu_sm, tuple(sass), notes)
     if ptx:
         return Expectation("ptx-jit", gpu_sm, tuple(ptx))
+    if build_info is None:  # no wheel: nothing was targeted, whatever compiled in place is it
+        absent = ", ".join(f for f, r in available.items() if r is not None)
+        raise NoNativeCode(
+            f"this sageattention has no build info (a source checkout, not an installed wheel) "
+            f"and no kernel family built in place runs on {here} (loaded: "
+            f"{', '.join(wheel_families) or 'none'}; not built or not loading: {absent or 'none'}). To validate an "
+            f"installed wheel, run from outside the checkout (and without it on PYTHONPATH), "
+            f"where the checkout does not shadow the wheel; to validate the checkout, build its "
+            f"kernels first (SAGEATTENTION_SM_TARGETS={here} pip install --no-build-isolation .)")
     raise NoNativeCode(
         f"this build has no kernel for {here}: families {wheel_families or 'none'}, SM targets "
         f"{[t.text for t in targets] or 'none'}; install the wheel built for {here}")
