@@ -28,27 +28,41 @@ def _check_import() -> None:
         check()
 
 
-__version__ = _package_version()
-_check_import()
+def _torch_missing_for_diagnostics() -> bool:
+    """Whether torch cannot be imported while `python -m sageattention` runs: that command's verdict
+    says so ("torch is not importable"); the package's import would end in a traceback first."""
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or an OSError from a CUDA library
+        from . import guard
+        if guard._running_diagnostics():
+            return True
+        raise
+    return False
 
-from .core import (  # noqa: E402  (after the import-time guard)
-    sageattn,
-    sageattn_qk_int8_pv_fp8_cuda,
-    sageattn_qk_int8_pv_fp8_cuda_sm90,
-    sageattn_qk_int8_pv_fp16_cuda,
-    sageattn_qk_int8_pv_fp16_triton,
-    sageattn_varlen,
-)
-from .dispatch import (  # noqa: E402
-    BackendChoice,
-    BackendUnavailableError,
-    explain,
-    force_backend,
-    last_backend,
-    select_backend,
-    use_calibration,
-)
-from .sdpa_compat import patch_sdpa, scaled_dot_product_attention  # noqa: E402
+
+__version__ = _package_version()
+if not _torch_missing_for_diagnostics():
+    _check_import()
+
+    from .core import (  # noqa: E402  (after the import-time guard)
+        sageattn,
+        sageattn_qk_int8_pv_fp8_cuda,
+        sageattn_qk_int8_pv_fp8_cuda_sm90,
+        sageattn_qk_int8_pv_fp16_cuda,
+        sageattn_qk_int8_pv_fp16_triton,
+        sageattn_varlen,
+    )
+    from .dispatch import (  # noqa: E402
+        BackendChoice,
+        BackendUnavailableError,
+        explain,
+        force_backend,
+        last_backend,
+        select_backend,
+        use_calibration,
+    )
+    from .sdpa_compat import patch_sdpa, scaled_dot_product_attention  # noqa: E402
 
 __all__ = [
     "BackendChoice",

@@ -145,6 +145,8 @@ def forced_backend_problems(info: dict | None, env: dict) -> list[str]:
 
 def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
     """(ok, sentences)."""
+    if env["torch"] is None:   # nothing imports without torch, a source checkout included
+        return False, [f"torch is not importable: {env.get('torch_error')}"]
     if info is None:
         lines = ["source checkout (no build info): native kernels, if any, were built "
                  "in place; nothing to check"]
@@ -153,8 +155,6 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
                          f"{other}, which was not checked: run python -m sageattention from "
                          "another directory (outside the checkout, without it on PYTHONPATH)")
         return True, lines
-    if env["torch"] is None:
-        return False, [f"torch is not importable: {env.get('torch_error')}"]
     lines, ok = [], True
     problem = guard.import_problem(info, env["torch"], env["torch_cuda"])
     if problem:

@@ -6,6 +6,7 @@ variable under the validation suite."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -185,3 +186,23 @@ def test_the_suite_runs_with_the_variables_unset_or_calibration_off(monkeypatch,
     monkeypatch.setenv("SAGEATTENTION_CALIBRATION", "off")
     assert cli.main(["--no-performance"]) == 0
     assert len(fake_run) == 2
+
+
+def test_without_an_importable_torch_the_diagnostics_say_so_instead_of_a_traceback(tmp_path):
+    # the package's import (its guard, then core) raised ImportError before __main__ could run
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('raise ImportError("torch broken on purpose")\n')
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"}
+    diag = subprocess.run([sys.executable, "-m", "sageattention"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert diag.returncode == 1, diag.stderr
+    assert "Traceback" not in diag.stderr
+    assert "NOT USABLE HERE" in diag.stdout and "torch is not importable" in diag.stdout
+    plain = subprocess.run([sys.executable, "-c", "import sageattention"], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=120)
+    assert plain.returncode == 1 and "ImportError: torch broken on purpose" in plain.stderr
