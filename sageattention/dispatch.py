@@ -211,14 +211,14 @@ def _check_name(name, source: str) -> str:
 def force_backend(name: str):
     """Run every sageattention call in this context on backend `name`, or raise
     BackendUnavailableError where it cannot run. No silent fallback."""
-    global _forced_plain
     token = _forced.set(_check_name(name, "force_backend(name)"))
-    before, _forced_plain = _forced_plain, name
+    mark = [name]   # this entry's own slot: found by identity, whichever thread leaves first
+    _plain_enter(mark)
     try:
         yield
     finally:
         _forced.reset(token)
-        _forced_plain = before
+        _plain_leave(mark)
 
 
 def forced_backend(env=None) -> str | None:
@@ -239,6 +239,30 @@ def forced_backend(env=None) -> str | None:
 # value, so a graph is traced again when they change. Process-wide, not per thread or task: the
 # innermost force_backend() entered last; the variable as the last eager call (or the import) read it.
 _forced_plain: str | None = None
+# The force_backend() contexts open now, in the order they were entered (each a one-name list, so
+# that a context finds its own by identity): a context left before one entered after it (two
+# threads, interleaved) must not restore a name that the later one replaced, nor outlive both.
+_plain_open: list[list[str]] = []
+_plain_lock = threading.Lock()
+
+
+def _plain_enter(mark: list[str]) -> None:
+    global _forced_plain
+    with _plain_lock:
+        _plain_open.append(mark)
+        _forced_plain = mark[0]
+
+
+def _plain_leave(mark: list[str]) -> None:
+    global _forced_plain
+    with _plain_lock:
+        for i in range(len(_plain_open) - 1, -1, -1):
+            if _plain_open[i] is mark:
+                del _plain_open[i]
+                break
+        _forced_plain = _plain_open[-1][0] if _plain_open else None
+
+
 _env_plain: str | None = os.environ.get(ENV_VAR, "").strip() or None
 
 
@@ -602,7 +626,14 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
         where += f"; not measured there: {', '.join(unmeasured)}"
     sdpa_ms, best_ms = entry.time(SDPA), entry.time(best.name)
     if sdpa_ms is not None and (best_ms is None or sdpa_ms < best_ms * CALIBRATION_MIN_SPEEDUP):
-        if best_ms is None or sdpa_ms < best_ms:
+        if best_ms is None:
+            # nothing measured SDPA against the pick: say so, not that SDPA beat the figures shown
+            lacking = [n for n, ms in measured if n != SDPA and ms < sdpa_ms]
+            reason = (f"{SDPA_FASTER} as far as it was measured: {best.name}, the backend that would "
+                      "run, was not measured there"
+                      + (f" ({', '.join(lacking)} measured faster but without an option asked for)"
+                         if lacking else "") + f" ({where})")
+        elif sdpa_ms < best_ms:
             reason = f"{SDPA_FASTER} ({where})"
         else:
             reason = (f"{SDPA_FASTER} within measurement noise ({best.name} {entry.verb} "
@@ -674,17 +705,31 @@ def select_backend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
 
     Takes exactly sageattn's arguments; raises the same ValueError/TypeError for bad input.
     """
+    return choose_for_call(_parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs))
+
+
+def _parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs) -> AttnCall:
     options = split_kwargs("select_backend", kwargs, SAGEATTN_KEYWORDS)
-    call = parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
+    return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                       return_lse=return_lse, options=options)
-    return choose_for_call(call)
 
 
 def explain(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
             **kwargs) -> str:
     """A sentence saying which backend sageattn would run for these arguments, and why."""
-    choice = select_backend(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, **kwargs)
-    return f"sageattn {choice.sentence()}"
+    call = _parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    if call.problem.empty:   # sageattn returns before any backend is chosen, a forced one included
+        return f"sageattn runs no backend: {_empty_words(call.problem)}"
+    return f"sageattn {choose_for_call(call).sentence()}"
+
+
+def _empty_words(p) -> str:
+    zero = [what for what, n in (("batch 0", p.batch), ("0 query heads", p.q_heads),
+                                 ("0 queries per sequence", p.q_len), ("0 keys per sequence", p.kv_len),
+                                 ("head dim 0", p.head_dim)) if n == 0]
+    result = "zeros of the queries' shape" if zero == ["0 keys per sequence"] else "an empty result"
+    return (f"the call has nothing to attend over ({', '.join(zero)}), so it returns {result} without "
+            "choosing one (last_backend() is None after it; a forced backend is not checked)")
 
 
 _logged: set[str] = set()

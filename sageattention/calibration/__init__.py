@@ -175,10 +175,12 @@ class Estimate:
     def interpolated(cls, found: list[tuple[Entry, float]]) -> "Estimate":
         times = []
         for backend in BACKEND_NAMES:
-            pairs = [(1.0 / d, math.log(e.time(backend) / e.time("sdpa"))) for e, d in found
+            # log(a) - log(b), not log(a / b): the quotient of two valid (positive, finite) times can
+            # round to 0 or inf, and a logarithm of 0 raised out of the sageattn call
+            pairs = [(1.0 / d, math.log(e.time(backend)) - math.log(e.time("sdpa"))) for e, d in found
                      if e.time(backend) is not None]
             if pairs:
-                times.append((backend, math.exp(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs))))
+                times.append((backend, _exp(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs))))
         name = f"the {len(found)} nearest measured shapes ({', '.join(e.name for e, _ in found)})"
         return cls(name, f"estimated from {name}, times as a multiple of SDPA's", "estimated", "",
                    tuple(times))
@@ -188,6 +190,15 @@ class Estimate:
 
     def figure(self, backend: str) -> str:
         return f"{backend} {self.time(backend):.3g}{self.unit}"
+
+
+def _exp(x: float) -> float:
+    """math.exp, but inf past float's range instead of OverflowError (a ratio of times that far
+    apart only has to lose)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -293,10 +304,28 @@ def load(path, *, label: str | None = None) -> Table:
         raise CalibrationError(f"calibration table {path}: not UTF-8 text, so not a JSON table "
                                f"({exc})") from exc
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise CalibrationError(f"calibration table {path}: {exc}") from exc
     except ValueError as exc:
         raise CalibrationError(f"calibration table {path}: not valid JSON ({exc})") from exc
     return parse(data, source=str(path), label=label)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object as a dict, refusing a key given twice: json keeps the last silently, so a second
+    "entries" list (two tables pasted together) or "sdpa" time would drop the first unseen."""
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(f"the key {key!r} appears twice in one object (values {data[key]!r:.60} "
+                                f"and {value!r:.60}); keep one")
+        data[key] = value
+    return data
 
 
 # --- the dispatcher's view: one table per GPU model or capability, never an exception ---------------
@@ -392,7 +421,8 @@ def _seen_on(table: Table, gpu_name: str | None) -> Table:
 
 
 def _from_user_path(path: Path, capability: tuple[int, int], names: list[str]) -> tuple[Table | None, list[str]]:
-    """(the table under ``path`` for this GPU or None, why none served: one line per file tried)."""
+    """(the table under ``path`` for this GPU or None, why each file tried before it or instead of
+    it did not serve: one line per file)."""
     problems = []
     if path.is_dir():
         for name in names:
@@ -404,7 +434,7 @@ def _from_user_path(path: Path, capability: tuple[int, int], names: list[str]) -
                 continue
             found = _read(candidate, capability, label=f"{name[:-5]} from {candidate}")
             if isinstance(found, Table):
-                return found, []
+                return found, problems   # a broken model table before it is still said
             problems.append(str(found))
         if not problems:
             problems.append(f"the folder {path} holds no {' or '.join(names)}")
@@ -458,7 +488,12 @@ def _find(capability: tuple[int, int], gpu_name: str | None, user_path: str | No
         except OSError as exc:  # a folder you may not list, say
             table, problems = None, [f"{user_path} cannot be read ({exc})"]
         if table is not None:
-            return _seen_on(table, gpu_name)
+            table = _seen_on(table, gpu_name)
+            if problems:   # your model table is broken, say, and your capability's serves
+                logger.warning("sageattention: ignoring what %s=%s holds for this GPU (%s): %s; using %s "
+                               "instead", ENV_VAR, user_path, _gpu_words(capability, gpu_name),
+                               "; ".join(problems), table.label)
+            return table
     table = None
     for name in names:
         resource = tables_folder().joinpath(name)
@@ -470,11 +505,15 @@ def _find(capability: tuple[int, int], gpu_name: str | None, user_path: str | No
             logger.warning("sageattention: ignoring calibration table %s (%s); backends are chosen by the "
                            "next table or the static preference order", resource, found)
     if problems:
-        gpu = f"sm{capability[0]}{capability[1]}" + (f", {gpu_name}" if gpu_name else "")
         instead = f"the packaged table {table.label}" if table is not None else "the static preference order"
         logger.warning("sageattention: %s=%s gives no calibration table for this GPU (%s): %s; using %s "
-                       "instead", ENV_VAR, user_path, gpu, "; ".join(problems), instead)
+                       "instead", ENV_VAR, user_path, _gpu_words(capability, gpu_name), "; ".join(problems),
+                       instead)
     return table
+
+
+def _gpu_words(capability: tuple[int, int], gpu_name: str | None) -> str:
+    return f"sm{capability[0]}{capability[1]}" + (f", {gpu_name}" if gpu_name else "")
 
 
 def clear_cache() -> None:
