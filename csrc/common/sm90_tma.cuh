@@ -72,16 +72,40 @@ __device__ __forceinline__ void tma_store_wait_all() {
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (null if it has none). Only a
 // found entry point is cached: a failed lookup is asked again on the next call.
+// cudaGetDriverEntryPointByVersion exists from CUDA 12.5 on, and a 12.5-12.9 runtime's may fail on
+// an older driver (minor version compatibility, e.g. an R535 driver); CUDA 12's unversioned lookup
+// then finds the function (its only ABI, 12.0). Before audit 30 the versioned call alone: a build
+// with nvcc 12.4 (families.json's min_nvcc) did not compile, and such a driver refused every call.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> cached{nullptr};
   PFN_cuTensorMapEncodeTiled_v12000 fn = cached.load(std::memory_order_acquire);
   if (fn != nullptr) return fn;
   void* f = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess)
-    return nullptr;
+  bool ok = false;
+#if CUDART_VERSION >= 12050
+  ok = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
+           cudaSuccess &&
+       found == cudaDriverEntryPointSuccess && f != nullptr;
+  if (!ok) (void)cudaGetLastError();  // not left for the next launch's cudaGetLastError to report
+#endif
+#if CUDART_VERSION < 13000
+  if (!ok) {
+    f = nullptr;
+    found = cudaDriverEntryPointQueryResult{};
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    ok = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found) == cudaSuccess &&
+         found == cudaDriverEntryPointSuccess && f != nullptr;
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+    if (!ok) (void)cudaGetLastError();
+  }
+#endif
+  if (!ok) return nullptr;
   fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   cached.store(fn, std::memory_order_release);
   return fn;

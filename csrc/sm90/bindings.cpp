@@ -11,6 +11,15 @@ namespace {
 
 void check_device(const at::Tensor& x) { glue::check_sm90a_device("sageattention_sm90", x); }
 
+// What the op says when the bulk tensor copy engine's tensor maps are refused (the kernel needs
+// them; attn_wgmma.cuh prints which map and the driver's CUresult on stderr), V copied included.
+constexpr const char* kMapRefused =
+    "sageattention_sm90: the CUDA driver refused a tensor map of the kernel's bulk tensor copies "
+    "(cuTensorMapEncodeTiled; stderr names the map and the driver's error), with V contiguous too, "
+    "so nothing ran. The sm_90a kernels need a driver with tensor maps (CUDA 12 or newer); to run "
+    "the call elsewhere, choose another backend (sageattention.force_backend('sdpa'), or "
+    "SAGEATTENTION_BACKEND)";
+
 void check_accum(const std::string& a) {
   TORCH_CHECK(a == "fp32",
               "pv_accum_dtype for the sm90 family must be 'fp32' (its only accumulation mode), "
@@ -54,7 +63,24 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp16_op(
         p.v_sb = V.sb; p.v_sh = V.sh; p.v_sn = V.sn;
       },
       [&](const AttnParams& p, cudaStream_t stream) {
-        return qk.Q.D == 64 ? attn_hd64(p, dtype, stream) : attn_hd128(p, dtype, stream);
+        const auto attn = [&](const AttnParams& a) {
+          return qk.Q.D == 64 ? attn_hd64(a, dtype, stream) : attn_hd128(a, dtype, stream);
+        };
+        cudaError_t err = attn(p);
+        // cudaErrorNotSupported: the driver refused a tensor map (attn_wgmma.cuh; nothing ran, the
+        // line on stderr names the map). V's is the one map built on the caller's strides: run
+        // again on a contiguous copy, whose strides every driver takes, instead of failing a valid
+        // call with "launch failed: operation not supported".
+        if (err == cudaErrorNotSupported && !v16.is_contiguous()) {
+          const at::Tensor vc = v16.contiguous();
+          const glue::View C = glue::view_of(vc, hnd);
+          AttnParams retry = p;
+          retry.v = vc.data_ptr();
+          retry.v_sb = C.sb; retry.v_sh = C.sh; retry.v_sn = C.sn;
+          err = attn(retry);
+        }
+        TORCH_CHECK(err != cudaErrorNotSupported, kMapRefused);
+        return err;
       });
 }
 

@@ -12,6 +12,24 @@ namespace {
 
 constexpr const char* kNamespace = "sageattention_sm90_fp8";
 
+// What the op says when the bulk tensor copy engine's tensor maps are refused (attn_wgmma.cuh
+// prints which map and the driver's CUresult on stderr). Its maps are all of the op's own
+// quantized, 16-byte aligned tensors: only a driver without tensor maps refuses them.
+constexpr const char* kMapRefused =
+    "sageattention_sm90_fp8: the CUDA driver refused a tensor map of the kernel's bulk tensor copies "
+    "(cuTensorMapEncodeTiled; stderr names the map and the driver's error), so nothing ran. The "
+    "sm_90a kernels need a driver with tensor maps (CUDA 12 or newer); to run the call elsewhere, "
+    "choose another backend (sageattention.force_backend('sdpa'), or SAGEATTENTION_BACKEND)";
+
+// The family's attention launchers, with a refused tensor map said in words (kMapRefused) instead
+// of "attention launch failed: operation not supported".
+template <glue::AttnFp8Launcher LAUNCH>
+cudaError_t attn_said(const AttnParams& p, PvAccum accum, DType out_dtype, cudaStream_t stream) {
+  const cudaError_t err = LAUNCH(p, accum, out_dtype, stream);
+  TORCH_CHECK(err != cudaErrorNotSupported, kMapRefused);
+  return err;
+}
+
 PvAccum parse_accum(const std::string& a) {
   if (a == "fp32+fp32") return PvAccum::kF32F32;
   if (a == "fp32") return PvAccum::kF32;
@@ -52,7 +70,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_pv_fp8_op(
   const c10::cuda::CUDAGuard guard(q.device());
 
   const glue::Fp8Kernels kernels{&sm90_fp8::quant_int8, &sm90_fp8::token_mean, &sm90_fp8::quant_v_fp8,
-                                  &sm90_fp8::v_scale, &attn_hd64, &attn_hd128};
+                                  &sm90_fp8::v_scale, &attn_said<&attn_hd64>, &attn_said<&attn_hd128>};
   return glue::run_fp8_attention(kNamespace, kernels, q, k, v, hnd, gran, accum, is_causal, sm_scale,
                                  smooth_k, smooth_v, return_lse, glue::kFp8Max);
 }
