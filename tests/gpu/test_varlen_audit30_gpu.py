@@ -16,8 +16,16 @@ import sageattention as sa
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+# Bars of INT8 Q.K and fp16/bf16 P against float64, |v| ~ N(0, 1), at the default scale d**-0.5:
+# design.md's cosine and relative L1 (tests/gpu/test_triton.py), and a max |error| bar. The unit
+# test's 0.06 max was set on shapes 10-100x smaller; a max over these 1e5-5e7 elements of a correct
+# kernel reached 0.064-0.068 under the interpreter (which rounds as the GPU does) on other draws of
+# these cases (median ~0.04), and 0.059 on a 1,500-sequence cut of the 10,000-sequence case (7e6 of
+# its 5e7 elements), so 0.1 here: a misread row (wrong sequence, head, offset or NaN column) is off
+# by O(1).
 COS_MIN = 0.9998
-MAX_ABS = 0.06   # INT8 Q.K and fp16/bf16 P against float64, |v| ~ N(0, 1)
+REL_L1_MAX = 0.02
+MAX_ABS = 0.1
 
 
 def _triton():
@@ -49,6 +57,50 @@ def _reference(q, k, v, cq, ck, causal, scale):
             s = s.masked_fill(~torch.ones(b - a, d - c, dtype=torch.bool).tril(), -math.inf)
         out[a:b] = (s.softmax(-1) @ vs).transpose(0, 1)
     return out
+
+
+def _reference_padded(q, k, v, cq, ck, causal, scale, seqs, chunk=1024):
+    """_reference of sequences ``seqs`` (the other rows zero), vectorized on q's device: a chunk of
+    sequences at a time, each padded to the chunk's longest and masked (a Python loop over 10,000
+    sequences took seconds of CPU)."""
+    dev = q.device
+    group = q.shape[1] // k.shape[1]
+    qd = q.double()
+    kd, vd = (t.double().repeat_interleave(group, 1) for t in (k, v))
+    out = torch.zeros(q.shape, dtype=torch.float64, device=dev)
+    seqs = torch.as_tensor(list(seqs), device=dev)
+    starts_q, starts_k = (torch.tensor(c[:-1], device=dev)[seqs] for c in (cq, ck))
+    lens_q, lens_k = (torch.tensor(c, device=dev).diff()[seqs] for c in (cq, ck))
+    for c0 in range(0, len(seqs), chunk):
+        sq, sk, lq, lk = (t[c0:c0 + chunk] for t in (starts_q, starts_k, lens_q, lens_k))
+        iq = torch.arange(int(lq.max()), device=dev)
+        ik = torch.arange(max(int(lk.max()), 1), device=dev)
+        rows_q, ok_q = sq[:, None] + iq, iq < lq[:, None]            # [S, nq]
+        rows_k, ok_k = sk[:, None] + ik, ik < lk[:, None]            # [S, nk]
+        qs = qd[rows_q.clamp(max=q.shape[0] - 1)]                    # [S, nq, H, D]
+        ks, vs = (t[rows_k.clamp(max=k.shape[0] - 1)] for t in (kd, vd))
+        s = torch.einsum("sqhd,skhd->shqk", qs, ks) * scale
+        keep = ok_k[:, None, None, :]
+        if causal:
+            keep = keep & (ik[None, :] <= iq[:, None])[None, None]
+        p = s.masked_fill(~keep, -math.inf).softmax(-1).nan_to_num(0.0)   # no keys: zeros
+        o = torch.einsum("shqk,skhd->sqhd", p, vs)
+        out[rows_q[ok_q]] = o[ok_q]
+    return out
+
+
+def _assert_bars(got, ref, scale, d, what):
+    """The bars above, widened for a softmax sharper than the default: INT8 Q.K's logit error is
+    proportional to the scale, so f = |scale| * sqrt(d) (when > 1) multiplies the error (L1, max)
+    and f^2 the cosine's distance from 1 (head_dim_40's scale=0.3 is f = 1.9: cos 0.99980-0.99986,
+    rel L1 0.017-0.019 on draws under the interpreter)."""
+    f = max(1.0, abs(scale) * d ** 0.5)
+    err = (got - ref).abs()
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
+    l1 = (err.sum() / ref.abs().sum()).item()
+    mx = err.max().item()
+    assert cos >= 1 - (1 - COS_MIN) * f * f and l1 <= REL_L1_MAX * f and mx <= MAX_ABS * f, \
+        f"{what}: cos={cos:.6f} rel_l1={l1:.5f} max_abs={mx:.4f} (f={f:.2f})"
 
 
 def _in_nan_buffer(t):
@@ -103,13 +155,13 @@ def test_varlen_matches_float64_per_sequence(name):
     assert sa.last_backend() == "triton-fp16"
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device and out.is_contiguous()
     assert torch.isfinite(out).all()
-    ref = _reference(q, k, v, cq, ck, causal, extra.get("sm_scale", extra.get("scale", d ** -0.5)))
+    scale = extra.get("sm_scale", extra.get("scale", d ** -0.5))
+    ref = _reference(q, k, v, cq, ck, causal, scale)
     got = out.double().cpu()
     for i in range(len(lens_q)):
         if lens_q[i] and not lens_k[i]:
             assert (got[cq[i]:cq[i + 1]] == 0).all(), f"sequence {i}: queries without keys must give zeros"
-    cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
-    assert cos >= COS_MIN and (got - ref).abs().max().item() <= MAX_ABS, (cos, (got - ref).abs().max().item())
+    _assert_bars(got, ref, scale, d, name)
 
 
 def test_varlen_ten_thousand_sequences():
@@ -120,18 +172,23 @@ def test_varlen_ten_thousand_sequences():
     lens_q[0], lens_k[0] = 300, 300   # one long sequence: several tiles
     cq, ck = _offsets(lens_q), _offsets(lens_k)
     hq, hkv, d = 4, 2, 64
-    q = torch.randn(cq[-1], hq, d, generator=g).half().cuda()
-    k = (torch.randn(ck[-1], hkv, d, generator=g) + 1.0).half().cuda()
-    v = torch.randn(ck[-1], hkv, d, generator=g).half().cuda()
+    gd = torch.Generator(device="cuda").manual_seed(31)   # ~1e8 values: drawn on the GPU, not the CPU
+    q = torch.randn(cq[-1], hq, d, generator=gd, device="cuda").half()
+    k = (torch.randn(ck[-1], hkv, d, generator=gd, device="cuda") + 1.0).half()
+    v = torch.randn(ck[-1], hkv, d, generator=gd, device="cuda").half()
     cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cq, ck))
     for causal in (False, True):
         out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal)
         assert sa.last_backend() == "triton-fp16"
-        got = out.double().cpu()
-        ref = _reference(q, k, v, cq, ck, causal, d ** -0.5)
+        got = out.double()
         assert torch.isfinite(got).all()
-        cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
-        assert cos >= COS_MIN and (got - ref).abs().max().item() <= MAX_ABS
+        # the long sequence 0 on its own (padding every sequence to 300 would take gigabytes)
+        ref = _reference_padded(q, k, v, cq, ck, causal, d ** -0.5, range(1, len(lens_q)))
+        ref[:300] = _reference(q[:300], k[:300], v[:300], [0, 300], [0, 300], causal, d ** -0.5).to(ref.device)
+        for i in range(1, len(lens_q)):
+            if lens_q[i] and not lens_k[i]:
+                assert (got[cq[i]:cq[i + 1]] == 0).all(), f"sequence {i}: queries without keys must give zeros"
+        _assert_bars(got, ref, d ** -0.5, d, f"10,000 sequences, causal={causal}")
 
 
 def test_segment_mean_of_a_sequence_ending_at_the_int32_edge():
