@@ -17,6 +17,7 @@ from .inputs import check_head_groups
 __all__ = [
     "FAMILY_BLOCK_SIZES",
     "FP16_V_MAX",
+    "FP8_V_SCALE_FLOOR",
     "FP8_V_TERMS",
     "PV_ACCUM_DTYPES",
     "QK_QUANT_GRANS",
@@ -30,7 +31,12 @@ __all__ = [
 LOG2E = math.log2(math.e)
 FP8_E4M3_MAX = 448.0
 INT8_MAX = 127.0
-SCALE_FLOOR = 1e-8
+SCALE_FLOOR = 1e-8  # INT8 Q/K scales: a tiny Q or K only flattens an already flat softmax
+# V's per-channel FP8 scale floor (2^-100): 1e-8 put a channel with max |V| near 1e-10 or below (a
+# bfloat16 or fp16 V holds such values) into e4m3's subnormals or onto 0 (relative L1 0.06 at 1e-10,
+# 0.56 at 1e-11, zeros below). 2^-100 is normal in fp32 and 1 / 2^-100 is finite, so V / scale stays
+# exact and a channel of zeros still gives zeros.
+FP8_V_SCALE_FLOOR = 2.0 ** -100
 
 QK_QUANT_GRANS = ("per_block", "per_warp", "per_thread")
 PV_ACCUM_DTYPES = {
@@ -275,7 +281,7 @@ def sageattn_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, ten
     else:
         if fp8_v_max is None:
             fp8_v_max = fp8_v_max_for(pv_accum_dtype)
-        v_scale = torch.clamp_min(_divide(v_s.abs().amax(dim=2, keepdim=True), fp8_v_max), SCALE_FLOOR)
+        v_scale = torch.clamp_min(_divide(v_s.abs().amax(dim=2, keepdim=True), fp8_v_max), FP8_V_SCALE_FLOOR)
         x = (v_s / v_scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
         v_terms = [x.to(torch.float8_e4m3fn).float()]
         if fp8_v_terms == 2:

@@ -34,6 +34,15 @@ inline bool pv_in_bf16(DType dtype, PvAccum accum) {
 constexpr int kFp8VTerms = SAGE_FP8_V_TERMS;
 static_assert(kFp8VTerms == 1 || kFp8VTerms == 2, "FP8 V takes one or two e4m3 terms");
 
+// V's per-channel FP8 scale floor, 2^-100 (as csrc/sm75/v16_scale.h's kV16MinScale), apart from
+// the INT8 Q/K scales' 1e-8 (quant_kernels.cuh kScaleFloor): 1e-8 put a channel with max |V| near
+// 1e-10 or below (a bfloat16 or fp16 V holds such values) into e4m3's subnormals or onto 0
+// (relative L1 0.06 at 1e-10, 0.56 at 1e-11, zeros below). 2^-100 is a normal float whose
+// reciprocal (2^100) is finite: quant_v_fp8_kernel's ExactDivisor (rcp.approx.ftz) and the
+// epilogue's fp32 multiply by the scale stay exact, and a channel of zeros still gives zeros.
+// sageattention/reference.py (FP8_V_SCALE_FLOOR) and the Triton FP8 kernel use the same number.
+constexpr float kFp8VScaleFloor = 7.8886090522101181e-31f;  // 2^-100
+
 struct QuantInt8Params {
   const void* x;           // fp16/bf16, element strides below, last dim contiguous
   int64_t x_sb, x_sh, x_sn;
@@ -50,13 +59,13 @@ struct QuantInt8Params {
 struct QuantFp8Params {
   const void* x;           // V, fp16/bf16
   int64_t x_sb, x_sh, x_sn;
-  const float* scale;      // [B, H, D]: max(amax / 448, 1e-8)
+  const float* scale;      // [B, H, D]: max(amax / 448, 2^-100)
   const float* mean;       // [B, H, D] or null (V smoothing)
   uint8_t* out;            // e4m3 [B, H, kFp8VTerms * D, padded_tokens], permuted in 16-token groups
   int heads, tokens, padded_tokens, head_dim;
 };
 
-// V's per-channel FP8 scale max(amax / scale_max, 1e-8), amax = max |v| over the tokens or, with
+// V's per-channel FP8 scale max(amax / scale_max, 2^-100), amax = max |v| over the tokens or, with
 // V smoothing, max |v - mean| (and the mean itself). Each CTA reduces a chunk of tokens into a
 // partial result; the last CTA of a (batch, head) to finish reduces the partials in chunk order
 // (the same result on every run) and writes the outputs.

@@ -67,7 +67,8 @@ constexpr int kQuantThreads = 128;
 #define SAGE_QUANT_MIN_CTAS 0
 #endif
 constexpr int kInt8QuantThreads = SAGE_QUANT_THREADS;
-constexpr float kScaleFloor = 1e-8f;
+constexpr float kScaleFloor = 1e-8f;  // INT8 Q/K scales: a tiny Q or K only flattens a flat softmax
+// V's FP8 scale has its own, much smaller floor: kFp8VScaleFloor (2^-100, attn_params.h).
 
 // The means of channels d0..d0+7 (K smoothing), or zeros without a mean.
 __device__ __forceinline__ void load_mean8(const float* mean, int d0, float (&m)[8]) {
@@ -97,8 +98,10 @@ __device__ __forceinline__ void chunk_values(const uint4& raw, const float (&m)[
 // the compiler's own __fdiv_rn (reciprocal refined by one Newton step, quotient by one
 // residual correction) without its per-division range check and slow-path call. That check
 // guards quotients near the ends of the float range, which cannot occur here: scale is normal
-// (at least kScaleFloor, at most float max / 127) and |v / scale| <= 127; a quotient too small
-// for the fast path to be exact rounds to 0 either way.
+// (at least kScaleFloor, at most float max / 127; V's FP8 scale at least kFp8VScaleFloor) and
+// |v / scale| <= 127 (448 for V); a quotient too small for the fast path to be exact rounds to 0
+// either way (below 2^-10 at the V floor, where its residual is subnormal: e4m3's step is 2^-9;
+// tests/unit/test_exact_divisor.py).
 struct ExactDivisor {
   float b, r;
   __device__ __forceinline__ explicit ExactDivisor(float scale) : b(scale) {
@@ -273,7 +276,8 @@ constexpr float kE4m3Max = 448.f;  // e4m3's largest finite value, where a satur
 constexpr int kVTilePitch = kVMaxHeadDim + 4;
 constexpr int kVChunksPerThread = kVBlock * (kVMaxHeadDim / 8) / kQuantThreads;  // 8
 
-// Grid: (n_blocks of 64 tokens, H, B). scale/mean: fp32 [B, H, D] (mean may be null).
+// Grid: (n_blocks of 64 tokens, H, B). scale/mean: fp32 [B, H, D] (mean may be null); scale is at
+// least kFp8VScaleFloor (2^-100), so its reciprocal is a finite fp32 value.
 // Pass 1 reads the block's tokens, divides each value by its channel's scale exactly
 // (ExactDivisor: the same quotient as IEEE division, as the reference computes it; quotients too
 // small for its fast path to be exact round to e4m3 zero anyway) and stores the e4m3 bytes
@@ -488,7 +492,7 @@ __global__ void __launch_bounds__(kVScaleThreads) v_scale_kernel(VScaleParams p)
       p.mean[o] = mean;
       amax = fmaxf(m - mean, mean - l);  // max |v - mean|: rounding is monotonic
     }
-    p.scale[o] = fmaxf(__fdiv_rn(amax, p.scale_max), 1e-8f);
+    p.scale[o] = fmaxf(__fdiv_rn(amax, p.scale_max), kFp8VScaleFloor);
   }
 }
 

@@ -191,7 +191,8 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
     at::Tensor mean = smooth_v ? at::empty({V.B, V.H, V.D}, f32) : at::empty({0}, f32);
     return {v8, at::empty({V.B, V.H, V.D}, f32), mean};
   }
-  // scale = max(amax / v_max, 1e-8), amax = max |v| or, smoothing, max |v - mean|
+  // scale = max(amax / v_max, 2^-100), amax = max |v| or, smoothing, max |v - mean| (the floor:
+  // attn_params.h kFp8VScaleFloor, not the INT8 scales' 1e-8, which lost a V of 1e-10)
   at::Tensor mean, scale;
   if (auto by_kernel = v_scale_by_kernel(scale_launch, v, hnd, smooth_v, v_max)) {
     std::tie(scale, mean) = *by_kernel;
@@ -210,7 +211,9 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_v_fp8(QuantFp8Launch
     }
     // A tensor divisor: ATen turns division by a number into a multiplication by its rounded
     // reciprocal on CUDA, one ulp off at times; the documented scale is one IEEE division.
-    scale = (amax / at::scalar_tensor(v_max, amax.options())).clamp_min(1e-8).contiguous();
+    scale = (amax / at::scalar_tensor(v_max, amax.options()))
+                .clamp_min(static_cast<double>(kFp8VScaleFloor))
+                .contiguous();
   }
   const int64_t pad = round_up(V.N, 64);
   auto out = at::empty({V.B, V.H, kFp8VTerms * V.D, pad}, v.options().dtype(at::kFloat8_e4m3fn));

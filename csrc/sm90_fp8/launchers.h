@@ -10,7 +10,7 @@ namespace sage::sm90_fp8 {
 cudaError_t quant_int8(const QuantInt8Params& p, int batch, DType dtype, cudaStream_t stream);
 // K's token mean [B, H, D] fp32 for smoothing (the shared token-statistics kernel, mean only)
 cudaError_t token_mean(const VScaleParams& p, int batch, DType dtype, cudaStream_t stream);
-// V's per-channel FP8 scale max(amax / scale_max, 1e-8) (and its token mean when smoothing).
+// V's per-channel FP8 scale max(amax / scale_max, 2^-100) (and its token mean when smoothing).
 cudaError_t v_scale(const VScaleParams& p, int batch, DType dtype, bool smooth, cudaStream_t stream);
 // V -> e4m3 V^T in the sm89 family's layout (tokens permuted in 16-token groups).
 cudaError_t quant_v_fp8(const QuantFp8Params& p, int batch, DType dtype, cudaStream_t stream);

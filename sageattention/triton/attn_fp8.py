@@ -25,14 +25,14 @@ import triton.language as tl
 from . import quant
 from .quant import _exact_float, _round_half_even
 from .attn import _key_bounds, tma_available
-from ..reference import FP8_V_TERMS
+from ..reference import FP8_V_SCALE_FLOOR, FP8_V_TERMS
 
 FP8_MAX = 448.0  # largest finite float8 e4m3 (fn) value
 # e4m3 terms of V (hi, lo): the reference's rule, one place; the kernels take 1 or 2.
 V_TERMS = FP8_V_TERMS
 if V_TERMS not in (1, 2):
     raise ImportError(f"reference.FP8_V_TERMS={V_TERMS} is not supported by the Triton FP8 kernel (1 or 2)")
-V_SCALE_FLOOR = 1e-8
+V_SCALE_FLOOR = FP8_V_SCALE_FLOOR  # 2^-100: a tiny V (1e-10 and below) keeps its e4m3 bits
 MIN_CAPABILITY = (8, 9)
 LOG2_P_SCALE = tl.constexpr(math.log2(FP8_MAX))  # P comes out of exp2 already scaled by 448
 
@@ -113,7 +113,7 @@ def quantize_v_fp8(v: torch.Tensor, *, pad_to: int):
     """``v [B, H, N, D]`` (HND view, unit last stride) -> ``(vt fp8 [B, H, V_TERMS * Dp, Npad],
     scale [B, H, Dp])``.
 
-    ``scale = max(amax over tokens / 448, 1e-8)`` per channel (padded channels get the floor), so
+    ``scale = max(amax over tokens / 448, 2^-100)`` per channel (padded channels get the floor), so
     every value maps into e4m3's finite range. ``vt`` holds V^T's hi rows (``e4m3(x)``), then its lo
     rows (``e4m3(x - hi)``): one buffer, so one launch writes both and one TMA descriptor reads both.
     """

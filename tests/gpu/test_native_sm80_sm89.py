@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import sageattention.native as native
 from sageattention import reference
-from sageattention.reference import FP8_V_TERMS
+from sageattention.reference import FP8_V_SCALE_FLOOR, FP8_V_TERMS
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -361,7 +361,7 @@ def test_quant_int8_matches_reference(fam, d, dtype, layout):
 def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
     # Bit for bit what the reference computes: x = (v - mean) / scale in fp32, one IEEE division,
     # then hi = a saturating e4m3 cast and lo = e4m3(clamp(x, +-448) - hi); scale = max(amax / 448,
-    # 1e-8); the stored layout [B, H, FP8_V_TERMS * D, Npad] (hi rows, then lo rows), tokens
+    # 2^-100); the stored layout [B, H, FP8_V_TERMS * D, Npad] (hi rows, then lo rows), tokens
     # permuted within 16-token groups, zeros past the end.
     mod = family(fam)
     v_hnd = torch.randn(2, 3, n, d, device="cuda", dtype=dtype) * 3
@@ -379,7 +379,7 @@ def test_quant_v_fp8_layout(fam, d, n, dtype, smooth_v, layout):
         assert mean.numel() == 0
         centred = vf
         amax = vf.abs().amax(dim=2)
-    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(1e-8))
+    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(FP8_V_SCALE_FLOOR))
     x = centred / scale[:, :, None]
     hi = x.to(torch.float8_e4m3fn).float()
     terms = [hi, (x.clamp(-448, 448) - hi).to(torch.float8_e4m3fn).float()][:FP8_V_TERMS]
@@ -410,7 +410,7 @@ def test_quant_v_fp8_scale_and_mean_over_token_chunks(fam, d, n, dtype, smooth_v
         amax = torch.maximum(vf.amax(dim=2) - mean, mean - vf.amin(dim=2))
     else:
         amax = vf.abs().amax(dim=2)
-    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(1e-8))
+    assert torch.equal(scale, (amax / torch.tensor(448.0, device="cuda")).clamp_min(FP8_V_SCALE_FLOOR))
 
 
 @pytest.mark.parametrize("fam", SPEC)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import sageattention as sa
-from sageattention.reference import (FAMILY_BLOCK_SIZES, quantize_int8, sageattn_reference,
+from sageattention.reference import (FAMILY_BLOCK_SIZES, FP8_V_SCALE_FLOOR, quantize_int8, sageattn_reference,
                                      scale_group_ids)
 
 TORCH_SDPA = F.scaled_dot_product_attention
@@ -213,7 +213,7 @@ def test_fp8_v_is_per_channel_e4m3_in_one_or_two_terms(accum, terms):
     v = torch.randn(2, 2, 8, 64) * torch.logspace(-2, 2, 64)   # channels of very different sizes
     out = sageattn_reference(q, k, v, is_causal=True, pv_dtype="fp8", pv_accum_dtype=accum, fp8_v_terms=terms)
     v_max = 2.25 if accum == "fp32+fp16" else 448.0
-    scale = torch.clamp_min(v.abs().amax(dim=2, keepdim=True) / v_max, 1e-8)
+    scale = torch.clamp_min(v.abs().amax(dim=2, keepdim=True) / v_max, FP8_V_SCALE_FLOOR)
     x = (v / scale).clamp(-448, 448)
     hi = x.to(torch.float8_e4m3fn).float()
     lo = (x - hi).to(torch.float8_e4m3fn).float()
