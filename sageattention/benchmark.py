@@ -214,6 +214,10 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
     per_backend = {name: geomean(r["backends"][name].get("speedup_vs_sdpa") for r in rows)
                    for name in others}
     accs = [r["accuracy"] for r in rows if r.get("accuracy")]
+    # a NaN or infinite output stores its figures as None (Errors.as_dict): no least cosine or
+    # largest error over the run then (min() over None and floats raised TypeError and lost the run)
+    finite = all(a.get("finite", True) and None not in (a.get("cosine"), a.get("rel_l1"), a.get("max_abs"))
+                 for a in accs)
     # the timer's warm-up and repetitions, where it says (cuda_timer's do)
     timing = ({"warmup_ms": timer.warmup_ms, "rep_ms": timer.rep_ms}
               if hasattr(timer, "warmup_ms") and hasattr(timer, "rep_ms") else None)
@@ -226,15 +230,16 @@ def run(cases: list[Case], *, api, device, timer: Callable[[Callable], float],
         "rounds": rounds,
         **({"timer": timing} if timing else {}),
         "baseline": "torch.nn.functional.scaled_dot_product_attention, default backend",
-        "primary_backend": primary or "default dispatch",
+        "primary_backend": primary or speed_goals.DEFAULT_DISPATCH,
         "cases": rows,
         "geomean_speedup_vs_sdpa": geomean(speedups),
         "complete": all(s is not None for s in speedups),
         "geomean_speedup_vs_sdpa_by_backend": per_backend,
         "accuracy": {
-            "min_cosine": min(a["cosine"] for a in accs) if accs else None,
-            "max_rel_l1": max(a["rel_l1"] for a in accs) if accs else None,
-            "max_abs": max(a["max_abs"] for a in accs) if accs else None,
+            "min_cosine": min(a["cosine"] for a in accs) if accs and finite else None,
+            "max_rel_l1": max(a["rel_l1"] for a in accs) if accs and finite else None,
+            "max_abs": max(a["max_abs"] for a in accs) if accs and finite else None,
+            "finite": finite if accs else None,
         },
     }
 
@@ -369,6 +374,10 @@ def markdown(doc: dict, *, source: str) -> str:
     run = doc.get("run") or {}
     command = env.get("command") or run.get("command") or "unknown"
     names = sorted({n for c in cases for n, r in c.get("backends", {}).items() if r.get("tops")})
+    primary = perf.get("primary_backend")
+    headline = (f"is forced to `{primary}` in this run (not the default dispatch)"
+                if isinstance(primary, str) and primary and primary != speed_goals.DEFAULT_DISPATCH
+                else "is the default dispatch")
 
     def num(x, fmt=".0f"):
         return format(x, fmt) if isinstance(x, (int, float)) else "-"
@@ -381,7 +390,7 @@ def markdown(doc: dict, *, source: str) -> str:
         "",
         f"Measured by: `{command}`  ",
         f"Method: {perf.get('method', '?')}. Baseline: {perf.get('baseline', '?')}.",
-        "TOPS per backend (speed-up vs SDPA in brackets); `sageattn` is the default dispatch and "
+        f"TOPS per backend (speed-up vs SDPA in brackets); `sageattn` {headline} and "
         "names the backend it ran. Upstream 1.0.6 Triton: design.md's H200 figures, not measured "
         "in this run.",
         "",
