@@ -10,19 +10,12 @@ import math
 
 import pytest
 import torch
+from triton_helpers import triton_or_skip as _triton
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 COS_MIN = 0.9998
 REL_L1_MAX = 0.02
-
-
-def _triton():
-    st = pytest.importorskip("sageattention.triton")
-    ok, reason = st.is_available()
-    if not ok:
-        pytest.skip(f"Triton backend unavailable here: {reason}")
-    return st
 
 
 def _metrics(out, ref):

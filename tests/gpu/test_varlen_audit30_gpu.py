@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import sageattention as sa
+from triton_helpers import triton_or_skip as _triton
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -26,14 +27,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 COS_MIN = 0.9998
 REL_L1_MAX = 0.02
 MAX_ABS = 0.1
-
-
-def _triton():
-    st = pytest.importorskip("sageattention.triton")
-    ok, reason = st.is_available()
-    if not ok:
-        pytest.skip(f"Triton backend unavailable here: {reason}")
-    return st
 
 
 def _offsets(lens):
