@@ -166,6 +166,11 @@ def check_qkv(q, k, v, tensor_layout: str, *, enable_gqa: bool | None = None) ->
     return AttnProblem(b, hq, hkv, nq, nk, d, tensor_layout, q.dtype, q.device, requires_grad)
 
 
+# The refusal of an additive mask holding NaN or +inf (here, and the Triton kernels' own check).
+ADDITIVE_MASK_NAN = ("attn_mask (additive) contains NaN or +inf; SDPA returns NaN for such rows. "
+                     "Use -inf (or False in a bool mask) to hide a key, finite values otherwise")
+
+
 def _values_unreadable(t: torch.Tensor) -> bool:
     """Whether t's values cannot be read on the host now: while torch.compile traces or on fake or
     meta tensors (no data), or while a CUDA graph is being captured (no synchronisation allowed)."""
@@ -181,8 +186,7 @@ def _check_additive_values(mask: torch.Tensor) -> None:
     if mask.numel() == 0 or _values_unreadable(mask):
         return
     if bool((torch.isnan(mask) | (mask == math.inf)).any()):
-        raise ValueError("attn_mask (additive) contains NaN or +inf; SDPA returns NaN for such rows. "
-                         "Use -inf (or False in a bool mask) to hide a key, finite values otherwise")
+        raise ValueError(ADDITIVE_MASK_NAN)
 
 
 def check_mask(attn_mask, problem: AttnProblem, is_causal: bool):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from sageattention.inputs import ADDITIVE_MASK_NAN
+
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 FLOAT_MASK_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -82,8 +84,7 @@ def _check_additive(mask: torch.Tensor) -> torch.Tensor:
         got = torch.stack(flags).tolist()
         bad, out_of_range = got[0], (got[1] if needs_range else False)
     if bad:
-        raise ValueError("attn_mask (additive) contains NaN or +inf; SDPA returns NaN for such rows. "
-                         "Use -inf (or False in a bool mask) to hide a key, finite values otherwise")
+        raise ValueError(ADDITIVE_MASK_NAN)
     if out_of_range or mask.dtype == torch.float64:
         neg_inf = mask == float("-inf")
         wide = mask if mask.dtype == torch.float64 else mask.to(torch.float32)
