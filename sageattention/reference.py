@@ -22,6 +22,7 @@ __all__ = [
     "PV_ACCUM_DTYPES",
     "QK_QUANT_GRANS",
     "fp16_v_scale",
+    "fp16_v_scale_of_amax",
     "pv16_dtype",
     "quantize_int8",
     "sageattn_reference",
@@ -170,10 +171,20 @@ def fp16_v_scale(v: torch.Tensor) -> torch.Tensor:
     Computed without log2 (which may round): x = amax / 2**15 = m * 2**k with 0.5 <= m < 1 (frexp);
     s = x when x is a power of two (m = 0.5), else x / m = 2**k. A non-finite amax keeps s = 1.
     """
-    x = v.abs().amax(dim=2, keepdim=True) / FP16_V_MAX  # dividing by a power of two: exact
+    return fp16_v_scale_of_amax(v.abs().amax(dim=2, keepdim=True))
+
+
+def fp16_v_scale_of_amax(amax: torch.Tensor) -> torch.Tensor:
+    """fp16_v_scale from each channel's max |V| (any shape): s >= 1, amax / s <= 32768."""
+    x = amax / FP16_V_MAX  # dividing by a power of two: exact
+    return torch.where((x > 1) & torch.isfinite(x), power_of_two_at_least(x), torch.ones_like(x))
+
+
+def power_of_two_at_least(x: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= x for positive finite x, without log2 (which may round): x = m * 2**k
+    with 0.5 <= m < 1 (frexp); x itself when m = 0.5, else x / m = 2**k. Other x: unspecified."""
     mant, _ = torch.frexp(x)
-    s = torch.where(mant == 0.5, x, x / mant)
-    return torch.where((x > 1) & torch.isfinite(x), s, torch.ones_like(x))
+    return torch.where(mant == 0.5, x, x / torch.where(mant == 0, torch.ones_like(mant), mant))
 
 
 # V's per-channel amax maps here when P.V accumulates in fp16 inside a K block: a 64-key block then

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import reference
 from . import ExtensionLoader, check_quant_mean
 
 EXTENSION = "sageattention._kernels_sm80"
@@ -94,7 +95,6 @@ def qk_int8_pv_fp16(q, k, v, *, tensor_layout, is_causal, sm_scale, qk_quant_gra
 #: is 65504), in (1/2, 1] when below 2^-14 (fp16's smallest normal). Scaled up no further than to 1:
 #: the fp16 accumulators sum P (up to 1) times V over a 64-key block ("fp16+fp32") or a whole row
 #: ("fp16"), and a V near 2^15 would overflow them where the unscaled one did not.
-FP16_V_MAX = 32768.0
 FP16_V_MIN = 2.0 ** -14
 #: the smallest scale: 1 / s stays finite in bfloat16 and fp32 for any amax (csrc/sm75/v16_scale.h)
 FP16_V_MIN_SCALE = 2.0 ** -100
@@ -102,22 +102,13 @@ FP16_V_MIN_SCALE = 2.0 ** -100
 
 def fp16_v_scale(amax):
     """The per-channel power-of-two scale s (fp32, ``amax``'s shape) a V is divided by before its
-    fp16 conversion: the smallest power of two with amax / s <= 2^15 where amax > 2^15 (the rule of
-    ``sageattention.reference.fp16_v_scale``), the power of two with amax / s in (1/2, 1] where
-    0 < amax < 2^-14 (at least 2^-100), else 1 (an all-zero channel, an inf or NaN in it too).
-    Computed without log2: x = m * 2^e (frexp, 0.5 <= m < 1); s = x when m = 0.5, else x / m = 2^e."""
+    fp16 conversion: the smallest power of two with amax / s <= 2^15 where amax > 2^15
+    (``sageattention.reference.fp16_v_scale_of_amax``), the power of two with amax / s in (1/2, 1]
+    where 0 < amax < 2^-14 (at least 2^-100), else 1 (an all-zero channel, an inf or NaN in it too)."""
     amax = amax.float()
-    one = torch.ones_like(amax)
-
-    def pow2_at_least(x):
-        mant, _ = torch.frexp(x)
-        return torch.where(mant == 0.5, x, x / torch.where(mant == 0, one, mant))
-
-    finite = torch.isfinite(amax)
-    down = pow2_at_least(amax / FP16_V_MAX)   # dividing by a power of two: exact
-    up = torch.clamp_min(pow2_at_least(amax), FP16_V_MIN_SCALE)
-    s = torch.where(finite & (amax > FP16_V_MAX), down, one)
-    return torch.where(finite & (amax > 0) & (amax < FP16_V_MIN), up, s)
+    up = torch.clamp_min(reference.power_of_two_at_least(amax), FP16_V_MIN_SCALE)
+    small = torch.isfinite(amax) & (amax > 0) & (amax < FP16_V_MIN)
+    return torch.where(small, up, reference.fp16_v_scale_of_amax(amax))
 
 
 def _token_dim(tensor_layout):
