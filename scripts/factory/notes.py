@@ -244,9 +244,9 @@ def render(report: dict, source_name: str) -> str:
     # what ran; its verdict says it verified nothing.)
     passed = sorted({b for c in report["checks"] if c["status"] == "pass"
                      for b in reports.ran_backends(c)})
-    ptx_arch, ptx_sms = _ptx_that_ran(report, ran if verdict else passed, sms) if ptx else ([], [])
-    unpassed_sms = [sm for sm in (_ptx_that_ran(report, ran, sms)[1] if ptx else [])
-                    if sm not in ptx_sms]
+    ran_ptx = _ptx_that_ran(report, ran, sms) if ptx else ([], [])
+    ptx_arch, ptx_sms = ran_ptx if verdict or not ptx else _ptx_that_ran(report, passed, sms)
+    unpassed_sms = [sm for sm in ran_ptx[1] if sm not in ptx_sms]
     own = reports.own_backends(report)
     if not any(b in own if own else reports.is_native_kernel(b) for b in ran):
         # the execution the report names is how the wheel's kernels would run here; none did
