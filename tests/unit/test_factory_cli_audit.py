@@ -21,7 +21,7 @@ from scripts.factory.model import Cell, Target  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = arch.load_families()
 
-GROUP = {"name": "g", "os": "linux", "python": "3.11", "torch": "2.9.1", "cuda": "12.6",
+GROUP = {"name": "g", "os": "linux", "python": "3.11", "torch": "2.9.1", "cuda": "12.8",
          "sm": ["sm89"]}
 
 
@@ -35,23 +35,23 @@ def problems_of(**changes) -> list[str]:
 # ---------------------------------------------------------------- the plan and the toolchain
 
 
-def _cu126_host(nvcc: str) -> Host:
-    interp = Interpreter("/usr/bin/python3.11", "3.11", "2.9.1+cu126", "12.6")
+def _cu128_host(nvcc: str) -> Host:
+    interp = Interpreter("/usr/bin/python3.11", "3.11", "2.9.1+cu128", "12.8")
     return Host("linux", {"3.11": (interp,)}, nvcc, has_repair_tool=True)
 
 
 def test_plan_skips_a_cell_the_hosts_nvcc_cannot_compile_with_the_same_major():
-    # The matrix accepts this cell (torch 2.9 ships cu126; family sm89 needs CUDA >= 12.4)...
+    # The matrix accepts this cell (torch 2.9 ships cu128; family sm89 needs CUDA >= 12.8)...
     (cell,) = matrix.parse_matrix({"version": 1, "cells": [GROUP]}, families=FAMILIES).cells
     # ...and with nvcc 12.1 the plan said BUILD (only the major was compared), so the build made
     # the venv, installed torch and only then failed in setup.py's toolchain check.
-    p = plan.plan_cell(cell, _cu126_host("12.1.105"), families=FAMILIES)
+    p = plan.plan_cell(cell, _cu128_host("12.1.105"), families=FAMILIES)
     assert not p.build
-    assert "family sm89 needs nvcc >= 12.4, found 12.1.105" in p.reason
-    assert "CUDA_HOME" in p.reason and "12.6" in p.reason
-    assert "SKIP  linux-cp311-torch2.9-cu126-sm89: family sm89 needs nvcc" in \
+    assert "family sm89 needs nvcc >= 12.8, found 12.1.105" in p.reason
+    assert "CUDA_HOME" in p.reason and "12.8" in p.reason
+    assert "SKIP  linux-cp311-torch2.9-cu128-sm89: family sm89 needs nvcc" in \
         plan.format_plan([p], "sm89")
-    assert plan.plan_cell(cell, _cu126_host("12.6.85"), families=FAMILIES).build
+    assert plan.plan_cell(cell, _cu128_host("12.8.93"), families=FAMILIES).build
 
 
 def test_plan_skips_arch_specific_targets_the_hosts_nvcc_cannot_compile():
@@ -89,7 +89,7 @@ def test_empty_field_says_it_has_no_value():
 def test_loader_errors_name_the_file(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text('version: 1\ncells:\n  - {name: g, os: linux, python: 3.10, torch: "2.9.1",'
-                    ' cuda: "12.6", sm: [sm89]}\n')
+                    ' cuda: "12.8", sm: [sm89]}\n')
     with pytest.raises(MatrixError) as info:
         matrix.load_matrix(path)
     assert str(info.value).startswith(f"{path}: 1 problem(s)")

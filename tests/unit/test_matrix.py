@@ -70,7 +70,7 @@ def test_unknown_keys_get_a_did_you_mean():
 
 @pytest.mark.parametrize("change, field, words", [
     ({"cuda": "13.0", "sm": ["sm70"]}, "'sm'", "CUDA 13.0 dropped sm70"),
-    ({"cuda": "12.1", "torch": "2.5.1", "sm": ["sm89"]}, "'cuda'", "needs CUDA >= 12.4"),
+    ({"cuda": "12.1", "torch": "2.5.1", "sm": ["sm89"]}, "'cuda'", "needs CUDA >= 12.8"),
     ({"torch": "2.12.0", "cuda": "12.4"}, "'cuda'", "torch 2.12 has no CUDA 12.4 build"),
     ({"sm": ["sm100"], "cuda": "13.0"}, "'sm'", "no kernel family serves sm100"),
     ({"os": "macos"}, "'os'", "not supported"),

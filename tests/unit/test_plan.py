@@ -182,13 +182,13 @@ def test_toolchain_check_names_the_problem():
     builds = arch.family_builds([(89, False)], FAMILIES)
     with pytest.raises(ToolchainError, match="does not match the cell's CUDA 13.0"):
         arch.check_toolchain(arch.Version("12.8"), "13.0", builds)
-    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.4"):
+    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.8"):
         arch.check_toolchain(arch.Version("12.1"), "12.1", builds)
     arch.check_toolchain(arch.Version("13.0.88"), "13.0", builds)
     hopper = arch.family_builds([(90, False)], FAMILIES)
-    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.4"):
+    with pytest.raises(ToolchainError, match="family sm89 needs nvcc >= 12.8"):
         arch.check_toolchain(arch.Version("12.1"), "12.1", hopper)
-    arch.check_toolchain(arch.Version("12.4"), "12.4", hopper)
+    arch.check_toolchain(arch.Version("12.8"), "12.8", hopper)
     fam = dataclasses.replace(FAMILIES["sm90"], min_nvcc="11.0")
     with pytest.raises(ToolchainError, match="family sm90 needs nvcc >= 12.0 for sm_90a, found 11.8"):
         arch.check_toolchain(arch.Version("11.8"), "11.8", [arch.FamilyBuild(fam, (90,), ())])
