@@ -44,6 +44,19 @@ def _block_any(keep: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
     return tiles.any(dim=5).any(dim=3).to(torch.uint8)
 
 
+def _collapse_expanded(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with every dim the caller expanded (stride 0, size > 1) narrowed to size 1.
+
+    It is the same mask under broadcasting, and the block map, the NaN check and any clamped copy
+    then work at the mask's real size: a ``[Nk]`` padding mask passed as ``mask.expand(B, H, Nq,
+    Nk)`` was otherwise turned into ``B * H * Nq * Nk`` bytes (more for a float mask's copies).
+    """
+    for dim in range(mask.dim()):
+        if mask.shape[dim] > 1 and mask.stride(dim) == 0:
+            mask = mask.narrow(dim, 0, 1)
+    return mask
+
+
 def check_mask(attn_mask, target: tuple[int, int, int, int]) -> torch.Tensor:
     """Validates an SDPA mask against ``target = (B, H, Nq, Nk)``; returns its 4-D (unexpanded) view."""
     if not isinstance(attn_mask, torch.Tensor):
@@ -104,7 +117,7 @@ def prepare_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, n_queri
     if attn_mask is None:
         return MASK_NONE, None, None
     target = (batch, heads, n_queries, n_keys)
-    mask = check_mask(attn_mask, target)
+    mask = _collapse_expanded(check_mask(attn_mask, target))
     if mask.dtype == torch.bool:
         kind = MASK_BOOL
         keep = mask
