@@ -461,6 +461,7 @@ def sageattn_qk_int8_pv_fp16_triton(q, k, v, tensor_layout="HND", quantization_b
     needs it (CPU, fp32, grad, dropout). `quantization_backend` is accepted for compatibility: the
     Triton backend always quantizes with its own kernels."""
     _check_triton_attn_mask(attn_mask)   # here, not in parse(): while tracing too
+    _check_triton_sm_scale(sm_scale)
 
     def parse():
         check_choice("quantization_backend", quantization_backend, QUANTIZATION_BACKENDS)
@@ -496,6 +497,19 @@ def _check_triton_attn_mask(attn_mask) -> None:
     raise TypeError(f"attn_mask (7th positional parameter here; upstream SageAttention's 7th is sm_scale) "
                     f"must be a bool or additive mask tensor of at least one dim, or None, got {shown}; "
                     f"for a softmax scale pass {hint} by keyword")
+
+
+def _check_triton_sm_scale(sm_scale) -> None:
+    """A bool as the Triton function's sm_scale is most likely upstream's positional order again:
+    after our attn_mask (7th) everything shifts by one, so upstream's 8th positional argument,
+    smooth_k, lands on sm_scale (and its 9th, return_lse, on smooth_k). check_scale refused it as
+    "must be a real number", which named neither the shift nor the fix."""
+    if not isinstance(sm_scale, bool) and not (type(sm_scale).__module__ == "numpy"
+                                                and type(sm_scale).__name__ in ("bool", "bool_")):
+        return
+    raise TypeError(f"sm_scale (8th positional parameter here, after attn_mask; upstream SageAttention's 8th "
+                    f"is smooth_k, its 9th return_lse) must be a real number or None, got bool {sm_scale!r}; "
+                    f"pass smooth_k=... and return_lse=... by keyword")
 
 
 def _tracing(q) -> bool:

@@ -705,11 +705,13 @@ def select_backend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
 
     Takes exactly sageattn's arguments; raises the same ValueError/TypeError for bad input.
     """
-    return choose_for_call(_parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs))
+    return choose_for_call(_parse("select_backend", q, k, v, tensor_layout, is_causal, sm_scale, return_lse,
+                                  kwargs))
 
 
-def _parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs) -> AttnCall:
-    options = split_kwargs("select_backend", kwargs, SAGEATTN_KEYWORDS)
+def _parse(func_name, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs) -> AttnCall:
+    # func_name: the function the user called, which an unknown keyword's warning names
+    options = split_kwargs(func_name, kwargs, SAGEATTN_KEYWORDS)
     return parse_call(q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=sm_scale,
                       return_lse=return_lse, options=options)
 
@@ -717,7 +719,7 @@ def _parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs) -> A
 def explain(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False,
             **kwargs) -> str:
     """A sentence saying which backend sageattn would run for these arguments, and why."""
-    call = _parse(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
+    call = _parse("explain", q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs)
     if call.problem.empty:   # sageattn returns before any backend is chosen, a forced one included
         return f"sageattn runs no backend: {_empty_words(call.problem)}"
     return f"sageattn {choose_for_call(call).sentence()}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import numbers
 import threading
 from typing import Optional
 
@@ -104,6 +105,20 @@ def _is_number(x) -> bool:
     return isinstance(x, float)
 
 
+# sageattn's keywords that are flags (bool slots of the op's schema).
+_FLAG_KEYWORDS = ("enable_gqa", "smooth_k", "smooth_v")
+
+
+def _flag(value):
+    """An int given for a flag as the bool eager code reads it (inputs.check_bool takes any integer:
+    is_causal=1 runs causal), so the op's bool slot carries it; anything else unchanged. Without
+    it such a call took the eager path, whose dispatcher dynamo cannot trace: under
+    fullgraph=True torch.compile failed with "Attempted to call function marked as skipped"."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return bool(value)
+    return value
+
+
 def _data_scale(value) -> torch.Tensor | None:
     """A scale whose value is data to torch.compile, as a 0-d tensor, else None: a tensor (SDPA
     takes a 0-d one), or a numpy float, which dynamo traces as a 0-d array (float() of it is a
@@ -168,6 +183,8 @@ def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, ea
     # numpy scalars as the Python numbers eager code reads them as (dynamo sees a 0-d ndarray)
     opts = {name: numpy_number(value) for name, value in opts.items()}
     is_causal, sm_scale, return_lse = (numpy_number(x) for x in (is_causal, sm_scale, return_lse))
+    is_causal, return_lse = _flag(is_causal), _flag(return_lse)
+    opts.update({name: _flag(opts[name]) for name in _FLAG_KEYWORDS})
     if not _fits_schema(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, opts):
         return eager()
     if needs_grad(q, k, v, opts["attn_mask"]):
@@ -290,6 +307,7 @@ def call(function: str, q, k, v, params: dict, kwargs: dict, eager, cu_seqlens=(
         scale_tensor = check_number_tensor(data[0], _data_scale(params.pop(data[0])))
     # numpy scalars as the Python numbers eager code reads them as (dynamo sees a 0-d ndarray)
     params = {name: numpy_number(value) for name, value in params.items()}
+    params = {name: _flag(value) if _SLOT_TYPES.get(name) is bool else value for name, value in params.items()}
     mask = params.pop("attn_mask", None)
     tensors = (q, k, v, *(t for t in cu_seqlens if t is not None))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
