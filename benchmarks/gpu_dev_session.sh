@@ -17,7 +17,7 @@
 # (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
 # installs it into a folder of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
 # power and clock-event reasons per backend under load, benchmarks/gpu_dev_clocks.py CLOCKS_ARGS).
-# Environment: OUT, STEPS, TABLE_FILE, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
+# Environment: OUT, STEPS, TEST_FILES (what the tests step runs, paths from the repository root; default tests/gpu), TABLE_FILE, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
 # steps, default 560: a step gets at most what is left), TEST_WORKERS (pytest-xdist, default 8), CELL (default linux-cp312-torch2.11-cu130-sm90), SAGEATTENTION_KERNEL_CACHE.
 set -uo pipefail
@@ -54,7 +54,8 @@ REPO=$OLDPWD
 xdist=(); python3 -c 'import xdist' 2>/dev/null && xdist=(-n "${TEST_WORKERS:-8}")  # the pytest steps: parallel Triton compiles
 for step in $STEPS; do
   case $step in
-    tests) t tests 240 python3 -m pytest "$REPO/tests/gpu" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
+    tests) files=(); for f in ${TEST_FILES:-tests/gpu}; do files+=("$REPO/$f"); done   # e.g. TEST_FILES="tests/gpu/test_triton.py"
+           t tests 240 python3 -m pytest "${files[@]}" -q -rs "${xdist[@]}" --junitxml="$S/tests.xml" -p no:cacheprovider ;;
     fuzz)  # the fuzz tier alone on the draw FUZZ_SEED / FUZZ_CASES name (tests/gpu/fuzz_cases.py's
            # SAGE_FUZZ_SEED / SAGE_FUZZ_CASES, set for this step only: the tests step keeps the default)
            echo "fuzz draw: SAGE_FUZZ_SEED=${FUZZ_SEED:-} SAGE_FUZZ_CASES=${FUZZ_CASES:-} (empty: the default)" | tee "$S/fuzz_draw.txt"

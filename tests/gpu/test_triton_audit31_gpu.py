@@ -57,3 +57,21 @@ def test_expanded_mask_costs_no_full_size_memory(kind):
                                                            attn_mask=mask.float())
     cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item()
     assert cos >= COS_MIN, f"{kind}: cos={cos:.6f}"
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2], ids=["batch", "heads", "tokens"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_v_expanded_along_any_dim_gives_the_copied_result(dim, d):
+    # On Hopper, V of d=64/128 without a mask is read through a TMA descriptor built on its own
+    # strides; one of them 0 (an expanded V) must read as the copy would, or go the pointer way.
+    st = _triton()
+    b, h, n = 2, 4, 300
+    q, k, _ = _qkv(b, h, n, d, seed=5)
+    shape = [b, h, n, d]
+    shape[dim] = 1
+    g = torch.Generator(device="cuda").manual_seed(6)
+    v = torch.randn(shape, device="cuda", generator=g).half().expand(b, h, n, d)
+    out, _ = st.attention(q, k, v)
+    want, _ = st.attention(q, k, v.contiguous())
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), f"dim {dim}: max |diff| {(out.float() - want.float()).abs().max().item()}"

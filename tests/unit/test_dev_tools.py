@@ -488,3 +488,29 @@ def test_calibration_holdout_finds_the_loss_the_nearest_entry_makes_and_three_ne
     ratios3, losses3 = holdout.holdout(table, 3, 0.97)
     assert losses3 == [] and len(ratios3) == 4
     assert holdout.geomean(ratios3) > holdout.geomean(ratios1)
+
+
+@pytest.mark.parametrize("files, expected", [
+    (None, ["tests/gpu"]),
+    ("tests/gpu/test_triton.py  tests/gpu/test_compile_gpu.py", ["tests/gpu/test_triton.py", "tests/gpu/test_compile_gpu.py"]),
+])
+def test_session_tests_step_runs_what_test_files_names(tmp_path, files, expected):
+    # stand-ins as above: python3 records its arguments; nothing is built or run
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    (bin_dir / "nvidia-smi").write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 580.0, 9.0"\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> "{calls}"\n')
+    for tool in ("nvidia-smi", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), STEPS="tests")
+    env.pop("TEST_FILES", None)
+    if files:
+        env["TEST_FILES"] = files
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_session.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (pytest_call,) = [line for line in calls.read_text().splitlines() if " -m pytest " in line]
+    args = pytest_call.split(" -m pytest ")[1].split()
+    # paths from the directory the script was started in (the repository root on the device)
+    assert args[:len(expected)] == [str(tmp_path / f) for f in expected] and args[len(expected)] == "-q"
