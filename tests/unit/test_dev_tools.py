@@ -234,6 +234,27 @@ def test_tune_call_skips_the_steps_a_short_call_turns_off(tmp_path, skip):
     assert (tmp_path / "out" / "tune.tgz").is_file()
 
 
+def _run_session(tmp_path, cwd, gpu: str, variables: dict, python_more: str = ""):
+    """gpu_dev_session.sh run in cwd with stand-ins: nvidia-smi names the card; python3 records its
+    arguments in calls.log (then runs python_more, shell); nothing is built or run. variables: the
+    environment's additions (None: unset). Returns (the finished process, the log's path)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\necho "{gpu}, 580.0, 9.0"\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> "{calls}"\n{python_more}')
+    for tool in ("nvidia-smi", "python3"):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"))
+    for name, value in variables.items():
+        env.pop(name, None)
+        if value is not None:
+            env[name] = value
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_session.sh")], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+    return proc, calls
+
+
 @pytest.mark.parametrize("gpu, table_source, commit, expected", [
     ("NVIDIA H100 80GB HBM3", None, "2d294685db6e", "h100-{date}-calibration-2d29468.json"),
     ("NVIDIA H200", None, "abc", "h200-{date}-calibration-abc.json"),
@@ -242,27 +263,14 @@ def test_tune_call_skips_the_steps_a_short_call_turns_off(tmp_path, skip):
 ])
 def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, table_source, commit,
                                                                  expected):
-    # stand-ins: nvidia-smi names the card; python3 records its arguments and creates the files
-    # that --benchmark-json and --out name, so the table step can copy them; nothing is built
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.log"
-    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\necho "{gpu}, 580.0, 9.0"\n')
-    (bin_dir / "python3").write_text(
-        f'#!/bin/sh\necho "python3 $*" >> "{calls}"\nprev=""\n'
-        'for a in "$@"; do case $prev in --out|--benchmark-json) mkdir -p "$(dirname "$a")"; '
-        'echo "{}" > "$a" ;; esac; prev=$a; done\n')
-    for tool in ("nvidia-smi", "python3"):
-        (bin_dir / tool).chmod(0o755)
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "results").mkdir(parents=True)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"),
-               STEPS="calibrate table", SOURCE_COMMIT=commit)
-    env.pop("TABLE_SOURCE", None)
-    if table_source:
-        env["TABLE_SOURCE"] = table_source
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_session.sh")], env=env, cwd=repo,
-                          capture_output=True, text=True, timeout=60)
+    # python3 also creates the files that --benchmark-json and --out name, so the table step can
+    # copy them
+    proc, calls = _run_session(
+        tmp_path, repo, gpu, {"STEPS": "calibrate table", "SOURCE_COMMIT": commit, "TABLE_SOURCE": table_source},
+        'prev=""\nfor a in "$@"; do case $prev in --out|--benchmark-json) '
+        'mkdir -p "$(dirname "$a")"; echo "{}" > "$a" ;; esac; prev=$a; done\n')
     assert proc.returncode == 0, proc.stderr
     date = subprocess.run(["date", "+%F"], capture_output=True, text=True).stdout.strip()
     written = sorted(p.name for p in (repo / "benchmarks" / "results").iterdir())
@@ -495,20 +503,7 @@ def test_calibration_holdout_finds_the_loss_the_nearest_entry_makes_and_three_ne
     ("tests/gpu/test_triton.py  tests/gpu/test_compile_gpu.py", ["tests/gpu/test_triton.py", "tests/gpu/test_compile_gpu.py"]),
 ])
 def test_session_tests_step_runs_what_test_files_names(tmp_path, files, expected):
-    # stand-ins as above: python3 records its arguments; nothing is built or run
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    calls = tmp_path / "calls.log"
-    (bin_dir / "nvidia-smi").write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3, 580.0, 9.0"\n')
-    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> "{calls}"\n')
-    for tool in ("nvidia-smi", "python3"):
-        (bin_dir / tool).chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(tmp_path / "out"), STEPS="tests")
-    env.pop("TEST_FILES", None)
-    if files:
-        env["TEST_FILES"] = files
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_dev_session.sh")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    proc, calls = _run_session(tmp_path, tmp_path, "NVIDIA H100 80GB HBM3", {"STEPS": "tests", "TEST_FILES": files})
     assert proc.returncode == 0, proc.stderr
     (pytest_call,) = [line for line in calls.read_text().splitlines() if " -m pytest " in line]
     args = pytest_call.split(" -m pytest ")[1].split()
