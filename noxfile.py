@@ -52,6 +52,13 @@ def matrix_session(session: nox.Session) -> None:
 
 def _build_session(sm: int):
     def build(session: nox.Session) -> None:
+        # the session is the --sm selection: argparse would blame an --sm the user never typed
+        chosen = [a for a in session.posargs if a.split("=")[0] in ("--sm", "--cell")]
+        if chosen:
+            session.error(f"build-sm{sm} builds every sm{sm} cell this host can build; {chosen[0]} "
+                          "is not one of its options (--no-repair, --jobs N, --out DIR): for one "
+                          "cell run python -m scripts.factory build --cell ID, for another SM "
+                          "nox -s build-smXY")
         _call(session, cli.main, ["build", "--sm", f"sm{sm}", *session.posargs])
 
     build.__doc__ = (f"Build every sm{sm} cell this host can build; prints the plan and why "

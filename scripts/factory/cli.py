@@ -42,7 +42,11 @@ def _sm_arg(text: str) -> str:
     try:
         target = Target.parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an SM: {text!r}; write e.g. 'sm80'") from None
+        # 75, sm_75, 7.5, compute_75: the spellings the source build reads, named back as smXY
+        from .source_build import _OTHER_SPELLING
+        other = _OTHER_SPELLING.fullmatch(text.strip())
+        hint = f"; did you mean 'sm{other[1]}{other[2]}'?" if other else ""
+        raise argparse.ArgumentTypeError(f"not an SM: {text!r}; write e.g. 'sm80'{hint}") from None
     if target.ptx:
         raise argparse.ArgumentTypeError(
             f"{text!r}: --sm selects every cell of an SM; whether a cell embeds PTX is set in "

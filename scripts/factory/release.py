@@ -761,7 +761,7 @@ def write_release(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nox -s release --",
+        prog="python -m scripts.factory.release",
         description=(
             "Assemble a release folder from built wheels and their GPU validation reports. "
             "Only wheels whose report exists, matches the wheel's sha256 and passed are published; "
