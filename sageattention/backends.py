@@ -47,6 +47,15 @@ class Backend:
     takes_grad: bool = False
     max_batch_and_heads: int | None = MAX_GRID_YZ  # None: no limit (SDPA)
     max_tokens: int | None = None          # per sequence, q's and k's; None: none declared
+    # The head dims the compiled kernels take (native families: families.json's); a smaller head
+    # dim in head_dims runs zero-padded to the next of them. Empty: the backend takes head_dims as is.
+    kernel_head_dims: tuple[int, ...] = ()
+
+    def padded_head_dim(self, head_dim: int) -> int:
+        """The head dim this backend's kernel runs a call of ``head_dim`` at (itself if none pads).
+        Zero channels in q and k add nothing to a score, nor to a quantization block's absolute
+        maximum or K's mean, and V's are sliced off the output: the padded call is the same call."""
+        return min((d for d in self.kernel_head_dims if d >= head_dim), default=head_dim)
 
     def serves(self, capability: tuple[int, int] | None) -> bool:
         """Whether this backend runs on a device of this capability (None: CPU)."""
@@ -108,7 +117,9 @@ def capability_table() -> tuple[Backend, ...]:
         grans = tuple(spec["qk_quant_gran"])
         rows.append(Backend(
             name=name, kind="native", family=family, op=op, capabilities=served,
-            min_capability=ptx_floor, dtypes=_HALF, head_dims=frozenset(spec["head_dims"]),
+            # every head dim up to the widest kernel's, the others zero-padded (as upstream does)
+            min_capability=ptx_floor, dtypes=_HALF, head_dims=range(1, max(spec["head_dims"]) + 1),
+            kernel_head_dims=tuple(sorted(spec["head_dims"])),
             qk_quant_grans=("per_thread",) + tuple(g for g in grans if g != "per_thread")
             if "per_thread" in grans else grans,
             pv_accum_dtypes=tuple(spec["pv_accum_dtype"]), default_pv_accum_dtype=_DEFAULT_PV_ACCUM[op],

@@ -316,10 +316,17 @@ def _run_quantized(call: AttnCall, choice: BackendChoice, q, k, v):
     _check_device_once(q.device)
     from sageattention import native
     op = getattr(native, row.op)
-    return op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
-              is_causal=call.is_causal, sm_scale=sm_scale,
-              qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
-              smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
+    head_dim = q.shape[-1]
+    width = row.padded_head_dim(head_dim)   # e.g. 96 runs the 128 kernel on zero-padded q, k, v
+    if width != head_dim:
+        q, k, v = (F.pad(t, (0, width - head_dim)) for t in (q, k, v))
+    out, lse = op(q, k, v, family=row.family, tensor_layout=call.problem.tensor_layout,
+                  is_causal=call.is_causal, sm_scale=sm_scale,
+                  qk_quant_gran=choice.qk_quant_gran, pv_accum_dtype=choice.pv_accum_dtype,
+                  smooth_k=call.smooth_k, smooth_v=call.smooth_v, return_lse=call.return_lse)
+    if width != head_dim:
+        out = out[..., :head_dim].contiguous()
+    return out, lse
 
 
 def _tied(out: torch.Tensor, *sources) -> torch.Tensor:

@@ -112,7 +112,7 @@ def draw_cases(seed: int = SEED, count: int = N_CASES) -> list[Case]:
         q_heads = kv_heads * rng.choice((1, 1, 2, 3, 8))
         q_len = rng.choice(LENGTHS)
         kv_len = q_len if rng.random() < 0.5 else rng.choice(LENGTHS)
-        # Native kernels take 64 and 128; the others go to Triton (its head dims, backends.py) or SDPA.
+        # Native kernels are built for 64 and 128 and run 32, 80, 96 zero-padded to them (backends.py).
         head_dim = rng.choice((64, 64, 128, 128, 128, 32, 80, 96))
         batch = rng.choice((1, 1, 2, 3))
         view = rng.choice(VIEWS if batch > 1 else VIEWS[:-1])

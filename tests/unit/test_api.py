@@ -721,3 +721,36 @@ def test_numpy_bools_are_bools():
     out, lse = sa.sageattn(q, k, v, is_causal=np.bool_(True), return_lse=np.bool_(True), enable_gqa=np.bool_(False))
     want, want_lse = sa.sageattn(q, k, v, is_causal=True, return_lse=True)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("name, op, accum, d, width", [
+    ("cuda-sm80-fp16", "qk_int8_pv_fp16", "fp32", 96, 128),
+    ("cuda-sm75-fp16", "qk_int8_pv_fp16", "fp32", 40, 64),
+    ("cuda-sm89-fp8", "qk_int8_pv_fp8", "fp32+fp32", 80, 128),
+    ("cuda-sm90-fp16", "qk_int8_pv_fp16", "fp32", 1, 64),
+])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_a_head_dim_between_the_kernels_runs_zero_padded(fake_kernels, monkeypatch, name, op, accum, d, width,
+                                                         layout):
+    # upstream pads 1..127 to the next compiled head dim (64 or 128); these fell back to SDPA here
+    calls, state = fake_kernels
+    state["choice"] = BackendChoice(name, "test", False, "per_thread", accum)
+    widths, inner = [], getattr(sa.native, op)
+
+    def padded_op(q, k, v, **kw):
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        assert all(t[..., d:].abs().max() == 0 for t in (q, k, v)) if width > d else True
+        return inner(q, k, v, **kw)
+
+    monkeypatch.setattr(sa.native, op, padded_op)
+    q, k, v = qkv(d=d, layout=layout)
+    k = k + 3   # an offset that smoothing takes out: the padded channels' mean must stay 0
+    out, lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
+    assert widths == [(width, width, width)]
+    assert calls[-1]["scale"] == d ** -0.5   # the call's own head dim, not the kernel's
+    assert out.shape == q.shape and out.is_contiguous() and lse.shape == (2, 4, 24)
+    want, want_lse = sageattn_reference(q, k, v, tensor_layout=layout, is_causal=True, sm_scale=d ** -0.5,
+                                        qk_quant_gran="per_thread", pv_dtype=op.rsplit("_", 1)[1],
+                                        pv_accum_dtype=accum, smooth_k=True, smooth_v=False, return_lse=True)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5)

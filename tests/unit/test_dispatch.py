@@ -41,7 +41,8 @@ def test_one_record_per_backend_name_and_native_facts_come_from_families_json():
         if row.kind != "native":
             continue
         spec = families["families"][row.family]
-        assert row.head_dims == frozenset(spec["head_dims"])
+        assert row.kernel_head_dims == tuple(sorted(spec["head_dims"]))
+        assert row.head_dims == range(1, max(spec["head_dims"]) + 1)   # the rest zero-padded
         assert set(row.qk_quant_grans) == set(spec["qk_quant_gran"])
         assert set(row.pv_accum_dtypes) == set(spec["pv_accum_dtype"])
         assert row.op in spec["ops"]
@@ -78,7 +79,8 @@ def test_sm90_family_serves_only_compute_capability_9_0():
     for cap in ((8, 0), (8, 9), (9, 1), (10, 0), (12, 0), None):
         assert not sm90.serves(cap), cap
     assert sm90.pv_accum_dtypes == ("fp32",) and sm90.default_pv_accum_dtype == "fp32"
-    assert sm90.qk_quant_grans == ("per_thread", "per_warp") and sm90.head_dims == frozenset({64, 128})
+    assert sm90.qk_quant_grans == ("per_thread", "per_warp") and sm90.kernel_head_dims == (64, 128)
+    assert sm90.head_dims == range(1, 129) and sm90.padded_head_dim(96) == 128 and sm90.padded_head_dim(32) == 64
     # only the 9.0 rule names it; a newer GPU that falls under that rule drops it through serves()
     assert [cap for cap, order in backends.PREFERENCE if "cuda-sm90-fp16" in order] == [(9, 0)]
     assert backends.preference_order((9, 0))[0] == "cuda-sm90-fp16"
@@ -93,7 +95,8 @@ def test_sm90_fp8_family_serves_only_compute_capability_9_0():
         assert not fp8.serves(cap), cap
     # the sm89 family's modes but its fp16 inner accumulator; two-level fp32 when none is named
     assert fp8.pv_accum_dtypes == ("fp32+fp32", "fp32") and fp8.default_pv_accum_dtype == "fp32+fp32"
-    assert fp8.qk_quant_grans == ("per_thread", "per_warp") and fp8.head_dims == frozenset({64, 128})
+    assert fp8.qk_quant_grans == ("per_thread", "per_warp") and fp8.kernel_head_dims == (64, 128)
+    assert fp8.head_dims == range(1, 129)
     assert fp8.takes_smooth_v and not fp8.takes_mask
     assert [cap for cap, order in backends.PREFERENCE if "cuda-sm90-fp8" in order] == [(9, 0)]
     # after the FP16 backends (more accurate), before the mma.sync FP8 backend (slower)
@@ -163,9 +166,14 @@ def test_reason_names_skipped_backends():
     ({"has_mask": True}, (9, 0), True, "triton-fp16", ""),
     ({"has_mask": True}, (9, 0), False, "sdpa", "takes no attention mask"),
     ({"has_mask": True}, (7, 5), True, "sdpa", "mask"),
-    ({"head_dim": 96}, (9, 0), True, "triton-fp16", ""),
-    ({"head_dim": 96}, (9, 0), False, "sdpa", "head dim 96"),
-    ({"head_dim": 96}, (7, 5), True, "sdpa", "head dim 96 is not covered"),
+    # head dims below 128 run the native kernels zero-padded (96 at 128, 32 at 64)
+    ({"head_dim": 96}, (9, 0), True, "cuda-sm90-fp16", ""),
+    ({"head_dim": 96}, (9, 0), False, "cuda-sm90-fp16", ""),
+    ({"head_dim": 96}, (7, 5), True, "cuda-sm75-fp16", ""),
+    ({"head_dim": 32}, (8, 0), False, "cuda-sm80-fp16", ""),
+    ({"head_dim": 160}, (9, 0), True, "triton-fp16", ""),
+    ({"head_dim": 160}, (9, 0), False, "sdpa", "head dim 160"),
+    ({"head_dim": 160}, (7, 5), True, "sdpa", "head dim 160 is not covered"),
     ({"head_dim": 512}, (9, 0), True, "sdpa", "head dim 512"),
     ({"batch": 65536, "q_heads": 1}, (9, 0), True, "sdpa", "batch 65536 exceeds the launch grid limit of 65535"),
     ({"batch": 1, "q_heads": 70000}, (8, 0), True, "sdpa", "query heads 70000 exceeds the launch grid limit"),
@@ -356,7 +364,7 @@ def test_token_limits_are_the_ones_the_kernels_refuse_past():
 
 def test_kernel_function_falls_back_when_the_input_needs_sdpa():
     for kw in ({"has_mask": True}, {"dtype": torch.float32}, {"device_type": "cpu", "capability": None},
-               {"requires_grad": True}, {"head_dim": 80}, {"batch": 70000}, {"q_heads": 70000}):
+               {"requires_grad": True}, {"head_dim": 160}, {"batch": 70000}, {"q_heads": 70000}):
         choice = choose(req(**kw), inv(), candidates=("cuda-sm89-fp8",), allow_fallback=False)
         assert choice.name == "sdpa" and choice.fallback, kw
 
