@@ -102,6 +102,13 @@ def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range, int 
         return {"fp16": ((8, 0), frozenset({64, 128}), None), "fp8": ((8, 9), frozenset({64, 128}), None)}
 
 
+def _powers_of_two_from_32(head_dims) -> tuple[int, ...]:
+    """The widths the Triton kernels pad a head dim to (sageattention.triton.quant.padded_head_dim:
+    a power of two, at least 32), up to the largest of ``head_dims``. Core does not pad for them
+    (they pad inside); the dispatcher's calibration reads the widths."""
+    return tuple(w for w in (32, 64, 128, 256, 512) if w <= max(head_dims))
+
+
 @functools.cache
 def capability_table() -> tuple[Backend, ...]:
     """All backends, one record each, in BACKEND_NAMES order."""
@@ -128,6 +135,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
         min_capability=limits["fp16"][0], dtypes=_HALF, head_dims=limits["fp16"][1],
+        kernel_head_dims=_powers_of_two_from_32(limits["fp16"][1]),
         max_tokens=limits["fp16"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32",
         # smooth_v: with fp32 accumulation taking V's mean out and adding it back is an identity,
@@ -137,6 +145,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp8", kind="triton", family=None, op="qk_int8_pv_fp8", capabilities=frozenset(),
         min_capability=limits["fp8"][0], dtypes=_HALF, head_dims=limits["fp8"][1],
+        kernel_head_dims=_powers_of_two_from_32(limits["fp8"][1]),
         max_tokens=limits["fp8"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32+fp32",), default_pv_accum_dtype="fp32+fp32",
         takes_mask=False, takes_smooth_v=False))

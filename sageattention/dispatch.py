@@ -609,6 +609,8 @@ def _calibrated_choice(req: Request, order: list[str], assessed: list, table: ca
     if entry is None:
         kind = "causal" if req.causal else "non-causal"
         return None, f"{label} has no {kind} entries"
+    # a head dim the table did not measure: the backends run it at their kernels' widths (padded)
+    entry = entry.at_head_dim(req.head_dim, {b.name: b.padded_head_dim(req.head_dim) for b, _ in fitting})
     names = [b.name for b, _ in fitting] + [SDPA]
     measured = sorted(((n, entry.time(n)) for n in names if entry.time(n) is not None), key=lambda x: x[1])
     if not measured:

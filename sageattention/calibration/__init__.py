@@ -34,7 +34,7 @@ import logging
 import math
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -166,10 +166,25 @@ class Estimate:
     verb: str       # "measured" or "estimated"
     unit: str       # " ms", or "" for multiples of SDPA's time
     times: tuple[tuple[str, float], ...]
+    head_dims: tuple[int, ...] = ()   # of the entries drawn on
 
     @classmethod
     def measured(cls, entry: Entry) -> "Estimate":
-        return cls(entry.name, f"nearest measured: {entry.name}", "measured", " ms", entry.ms)
+        return cls(entry.name, f"nearest measured: {entry.name}", "measured", " ms", entry.ms,
+                   (entry.head_dim,))
+
+    def at_head_dim(self, head_dim: int, widths: dict[str, int]) -> "Estimate":
+        """This estimate for a call of ``head_dim`` that its entries did not measure, where each
+        quantized backend runs a kernel of ``widths[backend]`` (zero-padded) and SDPA the call as it
+        is: their work grows with the width, so each backend's time relative to SDPA's is taken
+        times ``widths[backend] / head_dim`` (SDPA's own factor 1). Unchanged where the entries
+        measured this head dim (their kernels ran padded already)."""
+        if head_dim in self.head_dims or not any(w != head_dim for w in widths.values()):
+            return self
+        times = tuple((name, t * widths.get(name, head_dim) / head_dim) for name, t in self.times)
+        basis = (f"{self.basis}; for head dim {head_dim}, each quantized backend's time times its kernel's "
+                 f"width over {head_dim}")
+        return replace(self, basis=basis, times=times)
 
     @classmethod
     def interpolated(cls, found: list[tuple[Entry, float]]) -> "Estimate":
@@ -183,7 +198,7 @@ class Estimate:
                 times.append((backend, _exp(sum(w * x for w, x in pairs) / sum(w for w, _ in pairs))))
         name = f"the {len(found)} nearest measured shapes ({', '.join(e.name for e, _ in found)})"
         return cls(name, f"estimated from {name}, times as a multiple of SDPA's", "estimated", "",
-                   tuple(times))
+                   tuple(times), tuple(sorted({e.head_dim for e, _ in found})))
 
     def time(self, backend: str) -> float | None:
         return dict(self.times).get(backend)

@@ -505,3 +505,11 @@ def test_sageattn_passes_its_scale_to_the_dispatcher(monkeypatch):
                        q[0].transpose(0, 1).contiguous(), torch.tensor([0, 8], dtype=torch.int32),
                        torch.tensor([0, 8], dtype=torch.int32), 8, 8, sm_scale=2e3)
     assert [r.scale_magnitude for r in seen] == [5e3, 2e3]
+
+
+def test_the_triton_rows_kernel_widths_are_the_widths_the_kernels_pad_to():
+    # the calibration's padding factor reads them; the Triton quantization pads by its own rule
+    quant = pytest.importorskip("sageattention.triton.quant")
+    for name in ("triton-fp16", "triton-fp8"):
+        row = backends.backend(name)
+        assert all(row.padded_head_dim(d) == quant.padded_head_dim(d) for d in row.head_dims), name

@@ -456,3 +456,29 @@ def test_a_calibrated_fp8_pick_says_it_trades_accuracy_and_how_to_keep_fp16():
     assert "SAGEATTENTION_CALIBRATION=off" in fp8.reason
     fp16 = choose(req(b=4, h=32, n=4096, d=128), inv(*FAMILIES), calibration=fp8_fastest)
     assert fp16.name == "cuda-sm90-fp16" and "FP8" not in fp16.reason
+
+
+# --- head dims the table did not measure -----------------------------------------------------------
+
+# Measured at head dim 128 only: the native kernel 1.25x SDPA, Triton 1.1x.
+AT_128 = table(entry(1, 32, 16384, 128, sdpa=1.0, cuda_sm80_fp16=0.8, triton_fp16=0.9))
+
+
+@pytest.mark.parametrize("d, expect", [
+    (128, "cuda-sm80-fp16"),   # measured: as the table says
+    (112, "cuda-sm80-fp16"),   # 0.8 x 128 / 112 = 0.91 of SDPA's time: still faster
+    (96, "sdpa"),              # 0.8 x 128 / 96 = 1.07: both kernels run at 128, SDPA at 96
+    (64, "cuda-sm80-fp16"),    # the 64 kernel, no padding: the 128 entry's ratio as it is
+])
+def test_a_head_dim_the_table_did_not_measure_counts_the_kernels_padding(d, expect):
+    choice = choose(req(cap=(8, 0), d=d), inv(*ALL), calibration=AT_128)
+    assert choice.name == expect, choice.reason
+    if d in (112, 96):
+        assert f"for head dim {d}, each quantized backend's time times its kernel's width over {d}" \
+            in choice.reason
+
+
+def test_a_measured_head_dim_is_not_scaled_again():
+    measured_96 = table(entry(1, 32, 16384, 96, sdpa=1.0, cuda_sm80_fp16=0.8, triton_fp16=0.9))
+    choice = choose(req(cap=(8, 0), d=96), inv(*ALL), calibration=measured_96)
+    assert choice.name == "cuda-sm80-fp16" and "width over" not in choice.reason
