@@ -7,12 +7,11 @@ its usage as `nox -s release --`, a command the GPU runner (no nox there) cannot
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from noxfile_module import FakeSession, load_noxfile
 from scripts.factory import cli, release
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,32 +32,12 @@ def test_plan_sm_that_is_no_sm_in_any_spelling_still_shows_the_form(capsys):
     assert "not an SM: 'turing'; write e.g. 'sm80'" in capsys.readouterr().err
 
 
-class FakeSession:
-    def __init__(self, *posargs):
-        self.posargs, self.errors = list(posargs), []
-
-    def error(self, message):
-        self.errors.append(message)
-        raise SystemExit(message)
-
-
-def _noxfile():
-    pytest.importorskip("nox", reason="needs nox")
-    name = "noxfile_under_test"  # the name the other noxfile tests use: sessions register once
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "noxfile.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 @pytest.mark.parametrize("argv", [["--cell", "linux-cp311-torch2.14-cu130-sm75"],
                                   ["--no-repair", "--sm=sm90"]])
 def test_build_session_says_it_is_the_sm_selection(argv, capsys):
     session = FakeSession(*argv)
     with pytest.raises(SystemExit):
-        _noxfile()._build_session(75)(session)
+        load_noxfile()._build_session(75)(session)
     assert len(session.errors) == 1
     message = session.errors[0]
     assert message.startswith("build-sm75 builds every sm75 cell")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ yaml = pytest.importorskip("yaml", reason="matrix tests need PyYAML")
 
 from scripts.factory import arch, matrix, plan  # noqa: E402
 from scripts.factory.errors import MatrixError  # noqa: E402
+from noxfile_module import FakeSession, load_noxfile  # noqa: E402
 from scripts.factory.host import BUILD_PYTHON_ENV, Host, Interpreter  # noqa: E402
 from scripts.factory.model import Cell, Target  # noqa: E402
 
@@ -98,31 +97,11 @@ def test_loader_errors_name_the_file(tmp_path):
 # ---------------------------------------------------------------- nox sessions and argparse
 
 
-class FakeSession:
-    def __init__(self, *posargs):
-        self.posargs, self.errors = list(posargs), []
-
-    def error(self, message):
-        self.errors.append(message)
-        raise SystemExit(message)  # nox's session.error aborts the session
-
-
-def _noxfile():
-    pytest.importorskip("nox", reason="needs nox")
-    name = "noxfile_under_test"  # the name test_matrix.py loads it under: registered once
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "noxfile.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
-    return sys.modules[name]
-
-
 @pytest.mark.parametrize("argv, code", [(["--help"], 0), (["--bogus"], 2)])
 def test_nox_session_turns_argparse_exits_into_the_sessions_result(argv, code, capsys):
     # argparse's SystemExit went through nox: `nox -s build-sm75 -- --bogus` ended nox itself
     # (exit 2, no summary, later sessions never ran) and `-- --help` reported no session result.
-    noxfile = _noxfile()
+    noxfile = load_noxfile()
     session = FakeSession(*argv)
     if code:
         with pytest.raises(SystemExit, match="exit status 2"):

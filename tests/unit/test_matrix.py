@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import subprocess
 import sys
@@ -15,6 +14,7 @@ yaml = pytest.importorskip("yaml", reason="matrix tests need PyYAML")
 
 from scripts.factory import matrix  # noqa: E402
 from scripts.factory.errors import MatrixError  # noqa: E402
+from noxfile_module import FakeSession, load_noxfile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -210,44 +210,10 @@ def test_nox_registers_sessions_from_the_matrix():
     assert {"matrix", "tests", "lint", "notes", "release"} <= names
 
 
-class FakeSession:
-    """What a nox session function uses: posargs, error, warn, install, run."""
-
-    def __init__(self, *posargs):
-        self.posargs, self.warnings, self.runs = list(posargs), [], []
-
-    def error(self, message):
-        raise SystemExit(message)
-
-    def warn(self, message):
-        self.warnings.append(message)
-
-    def install(self, *packages):
-        pass
-
-    def run(self, *command):
-        self.runs.append(command)
-
-
-@functools.lru_cache(maxsize=1)  # once: loading registers the sessions with nox
-def _load_noxfile():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _noxfile():
-    pytest.importorskip("nox", reason="needs nox")
-    return _load_noxfile()
-
-
 def test_nox_validate_skips_a_wheelhouse_wheel_without_a_local_label(tmp_path, monkeypatch):
     from scripts.factory import validate
 
-    noxfile = _noxfile()
+    noxfile = load_noxfile()
     (tmp_path / "wheelhouse").mkdir()
     plain = "sageattention-2.2.0-cp312-cp312-linux_x86_64.whl"
     good = "sageattention-2.2.0+sm90.torch2.11cu130-cp312-cp312-linux_x86_64.whl"
@@ -270,7 +236,7 @@ def test_nox_validate_skips_a_wheelhouse_wheel_without_a_local_label(tmp_path, m
     (["--wheel="], None, None),
 ])
 def test_nox_tests_session_reads_its_wheel_argument(posargs, wheel, rest):
-    noxfile = _noxfile()
+    noxfile = load_noxfile()
     session = FakeSession(*posargs)
     if wheel is None:
         with pytest.raises(SystemExit, match="--wheel needs a wheel file"):
@@ -287,7 +253,7 @@ def test_nox_validate_passes_help_through_without_wheels(flag, tmp_path, monkeyp
     # `nox -s validate-sm90 -- --help` with an empty wheelhouse said "no sm90 wheel in wheelhouse/"
     from scripts.factory import validate
 
-    noxfile = _noxfile()
+    noxfile = load_noxfile()
     monkeypatch.setattr(noxfile, "ROOT", tmp_path)
     seen = []
     monkeypatch.setattr(validate, "main", lambda argv: seen.append(argv) or 0)
