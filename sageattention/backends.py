@@ -92,21 +92,21 @@ _NATIVE = (("cuda-sm90-fp16", "sm90", "qk_int8_pv_fp16"),
            ("cuda-sm75-fp16", "sm75", "qk_int8_pv_fp16"))
 
 
-def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range, int | None]]:
-    """(lowest capability, head dims, tokens per sequence) of the Triton kernels, per PV dtype."""
+def _triton_limits() -> dict[str, tuple[tuple[int, int], frozenset | range, int | None, tuple[int, ...]]]:
+    """(lowest capability, head dims, tokens per sequence, the widths the kernels pad a head dim to)
+    of the Triton kernels, per PV dtype. Core does not pad for them (they pad inside); the
+    dispatcher's calibration reads the widths."""
     try:
         from sageattention import triton as tb
-        return {"fp16": (tuple(tb.MIN_CAPABILITY), range(1, int(tb.MAX_HEAD_DIM) + 1), int(tb.MAX_TOKENS)),
-                "fp8": (tuple(tb.MIN_CAPABILITY_FP8), range(1, int(tb.MAX_HEAD_DIM_FP8) + 1), int(tb.MAX_TOKENS))}
+
+        def limits(capability, max_head_dim):
+            dims = range(1, int(max_head_dim) + 1)
+            widths = tuple(sorted({tb.padded_head_dim(d) for d in dims}))
+            return tuple(capability), dims, int(tb.MAX_TOKENS), widths
+        return {"fp16": limits(tb.MIN_CAPABILITY, tb.MAX_HEAD_DIM),
+                "fp8": limits(tb.MIN_CAPABILITY_FP8, tb.MAX_HEAD_DIM_FP8)}
     except Exception:  # package absent or broken: the records stay, availability says why
-        return {"fp16": ((8, 0), frozenset({64, 128}), None), "fp8": ((8, 9), frozenset({64, 128}), None)}
-
-
-def _powers_of_two_from_32(head_dims) -> tuple[int, ...]:
-    """The widths the Triton kernels pad a head dim to (sageattention.triton.quant.padded_head_dim:
-    a power of two, at least 32), up to the largest of ``head_dims``. Core does not pad for them
-    (they pad inside); the dispatcher's calibration reads the widths."""
-    return tuple(w for w in (32, 64, 128, 256, 512) if w <= max(head_dims))
+        return {"fp16": ((8, 0), frozenset({64, 128}), None, ()), "fp8": ((8, 9), frozenset({64, 128}), None, ())}
 
 
 @functools.cache
@@ -135,7 +135,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp16", kind="triton", family=None, op="qk_int8_pv_fp16", capabilities=frozenset(),
         min_capability=limits["fp16"][0], dtypes=_HALF, head_dims=limits["fp16"][1],
-        kernel_head_dims=_powers_of_two_from_32(limits["fp16"][1]),
+        kernel_head_dims=limits["fp16"][3],
         max_tokens=limits["fp16"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32",), default_pv_accum_dtype="fp32",
         # smooth_v: with fp32 accumulation taking V's mean out and adding it back is an identity,
@@ -145,7 +145,7 @@ def capability_table() -> tuple[Backend, ...]:
     rows.append(Backend(
         name="triton-fp8", kind="triton", family=None, op="qk_int8_pv_fp8", capabilities=frozenset(),
         min_capability=limits["fp8"][0], dtypes=_HALF, head_dims=limits["fp8"][1],
-        kernel_head_dims=_powers_of_two_from_32(limits["fp8"][1]),
+        kernel_head_dims=limits["fp8"][3],
         max_tokens=limits["fp8"][2],
         qk_quant_grans=("per_block",), pv_accum_dtypes=("fp32+fp32",), default_pv_accum_dtype="fp32+fp32",
         takes_mask=False, takes_smooth_v=False))

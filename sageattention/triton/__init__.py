@@ -35,6 +35,12 @@ DTYPES = (torch.float16, torch.bfloat16)
 LAYOUTS = ("HND", "NHD")
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """Head dim the kernels work with: a power of two, at least 32 (the int8 dot's minimum K).
+    Here, not in quant.py, so the capability table reads it without importing Triton."""
+    return max(32, 1 << max(head_dim - 1, 0).bit_length())
+
+
 def _interpreting() -> bool:
     # quant.interpreting's twin: this module must import without Triton (is_available says why).
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import padded_head_dim  # noqa: F401  (the kernels' width rule, read as quant.padded_head_dim)
+
 BLKQ = 128
 BLKK = 64
 SCALE_FLOOR = tl.constexpr(1e-8)
@@ -151,11 +153,6 @@ def _quant_warps(block: int, dp: int) -> int:
     # One program holds block x dp fp32 values: 32 a thread keeps registers low (~56 on sm_90),
     # so several programs per SM keep enough loads in flight for this memory-bound kernel.
     return max(4, min(16, block * dp // 1024))
-
-
-def padded_head_dim(head_dim: int) -> int:
-    """Head dim the kernels work with: a power of two, at least 32 (the int8 dot's minimum K)."""
-    return max(32, triton.next_power_of_2(head_dim))
 
 
 def _check_last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
