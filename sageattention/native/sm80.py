@@ -152,13 +152,6 @@ def _restore_output(out, scale, mean, tensor_layout):
 def subtract_token_mean(v, tensor_layout, dtype=None):
     """(V minus its mean over tokens, rounded once to ``dtype`` (default V's); the fp32 mean,
     keepdim) for ``smooth_v``."""
-    tokens = 2 if tensor_layout == "HND" else 1
     vf = v.float()
-    mean = vf.mean(dim=tokens, keepdim=True)
+    mean = vf.mean(dim=_token_dim(tensor_layout), keepdim=True)
     return (vf - mean).to(dtype or v.dtype), mean
-
-
-def add_token_mean(out, mean, tensor_layout):
-    """The attention output of V minus ``mean`` plus ``mean``, repeated over each key/value head's
-    query heads (GQA), in the output's dtype."""
-    return _restore_output(out, None, mean, tensor_layout)
