@@ -16,11 +16,11 @@ run under Triton's CPU interpreter in a subprocess (interpreter_worker.py); shap
 from __future__ import annotations
 
 import json
-import math
 import sys
 
 import pytest
 from interpreter_worker import run_worker
+from test_varlen_audit import reference  # the float64 per-sequence attention
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
@@ -36,23 +36,6 @@ def _offsets(lens):
     out = [0]
     for n in lens:
         out.append(out[-1] + n)
-    return out
-
-
-def _reference(q, k, v, cq, ck, causal, scale):
-    """float64 softmax attention per sequence (GQA by repeating K/V, top-left causal, zeros for a
-    query without keys)."""
-    group = q.shape[1] // k.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    for a, b, c, d in zip(cq, cq[1:], ck, ck[1:]):
-        if b == a or d == c:
-            continue
-        qs = q[a:b].double().transpose(0, 1)
-        ks, vs = (t[c:d].double().transpose(0, 1).repeat_interleave(group, 0) for t in (k, v))
-        s = qs @ ks.transpose(-1, -2) * scale
-        if causal:
-            s = s.masked_fill(~torch.ones(b - a, d - c, dtype=torch.bool).tril(), -math.inf)
-        out[a:b] = (s.softmax(-1) @ vs).transpose(0, 1)
     return out
 
 
@@ -112,7 +95,7 @@ def _e2e(res: dict) -> None:
         out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens_q) + more, max(lens_k) + more,
                                  is_causal=causal, **extra)
         scale = extra.get("sm_scale", extra.get("scale", d ** -0.5))
-        ref = _reference(q, k, v, cq, ck, causal, scale)
+        ref = reference(q, k, v, torch.tensor(cq), torch.tensor(ck), causal, scale)
         got = out.double()
         no_keys = [i for i in range(len(lens_q)) if lens_k[i] == 0 and lens_q[i] > 0]
         res[name] = {
