@@ -43,8 +43,8 @@ def _sm_arg(text: str) -> str:
         target = Target.parse(text)
     except ValueError:
         # 75, sm_75, 7.5, compute_75: the spellings the source build reads, named back as smXY
-        from .source_build import _OTHER_SPELLING
-        other = _OTHER_SPELLING.fullmatch(text.strip())
+        from .source_build import other_spelling
+        other = other_spelling(text)
         hint = f"; did you mean 'sm{other[1]}{other[2]}'?" if other else ""
         raise argparse.ArgumentTypeError(f"not an SM: {text!r}; write e.g. 'sm80'{hint}") from None
     if target.ptx:

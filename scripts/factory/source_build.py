@@ -139,13 +139,18 @@ def targets_from_env(env: Mapping[str, str], caps: tuple[tuple[int, int], ...]
 _OTHER_SPELLING = re.compile(r"(?:sm_?|compute_?)?(\d+?)\.?(\d)([af]?)(\+ptx)?", re.IGNORECASE)
 
 
+def other_spelling(item: str) -> re.Match | None:
+    """An SM in another tool's spelling (groups: major, minor, arch suffix, '+ptx'), or None."""
+    return _OTHER_SPELLING.fullmatch(item.strip())
+
+
 def _targets_hint(text: str) -> str:
     """'; did you mean ...' with the list respelled as Target.parse reads it, or '' when some
     item is no SM in any spelling (parse_targets' message then says what is accepted)."""
     items = [p for p in re.split(r"[;,\s]+", text) if p]
     fixed, notes = [], []
     for item in items:
-        match = _OTHER_SPELLING.fullmatch(item)
+        match = other_spelling(item)
         if match is None:
             return ""
         fixed.append(f"sm{match[1]}{match[2]}" + ("+PTX" if match[4] else ""))
