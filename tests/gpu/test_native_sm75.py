@@ -26,17 +26,6 @@ SEQ_LENS = (1, 17, 31, 32, 33, 127, 128, 129, 1000, 4097)
 GRANS = ("per_thread", "per_warp")  # families.json's sm75 list; per_thread is sageattn's default
 
 
-@pytest.fixture(scope="module")
-def ext():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    try:
-        sm75.load()
-    except ImportError as exc:
-        pytest.skip(f"sm75 extension not built: {exc}")
-    return torch.ops.sageattention_sm75
-
-
 def make_qkv(b, hq, hkv, nq, nk, d, *, dtype=torch.float16, layout="HND", seed=0, k_offset=True):
     """Random inputs; K gets a per-channel offset like real models' keys (what smooth_k removes)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -166,7 +155,7 @@ def assert_accurate(
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_matches_sdpa_and_reference(ext, dtype, layout, causal, d, gran):
+def test_matches_sdpa_and_reference(sm75_ops, dtype, layout, causal, d, gran):
     q, k, v = make_qkv(2, 4, 4, 1000, 1000, d, dtype=dtype, layout=layout, seed=d + causal)
     out, lse = attn(q, k, v, layout=layout, causal=causal, qk_quant_gran=gran)
     assert lse is None
@@ -178,7 +167,7 @@ def test_matches_sdpa_and_reference(ext, dtype, layout, causal, d, gran):
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("n", SEQ_LENS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_sequence_lengths(ext, n, causal, gran):
+def test_sequence_lengths(sm75_ops, n, causal, gran):
     d = 64 if n % 2 else 128
     q, k, v = make_qkv(1, 2, 2, n, n, d, seed=n)
     out, _ = attn(q, k, v, causal=causal, qk_quant_gran=gran)
@@ -189,7 +178,7 @@ def test_sequence_lengths(ext, n, causal, gran):
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("nq,nk", [(100, 300), (300, 100), (1, 4097), (129, 33), (4097, 17)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_cross_attention(ext, nq, nk, causal, gran):
+def test_cross_attention(sm75_ops, nq, nk, causal, gran):
     q, k, v = make_qkv(2, 2, 2, nq, nk, 128, layout="NHD", seed=nq * 7 + nk)
     out, _ = attn(q, k, v, layout="NHD", causal=causal, qk_quant_gran=gran)
     assert out.shape == q.shape
@@ -197,7 +186,7 @@ def test_cross_attention(ext, nq, nk, causal, gran):
 
 
 @needs_gpu
-def test_per_thread_meets_the_bar_where_per_warp_misses_it(ext):
+def test_per_thread_meets_the_bar_where_per_warp_misses_it(sm75_ops):
     """sm_scale=0.2 at d=128 sharpens softmax enough that one scale per 16 query / 32 key tokens
     misses design.md's bar (the reference: cosine ~0.99977, rel L1 ~0.0214); per_thread's scales,
     8 per 16 query and 4 per 32 key tokens, meet it (reference ~0.99982 / 0.019)."""
@@ -218,7 +207,7 @@ def test_per_thread_meets_the_bar_where_per_warp_misses_it(ext):
 
 @needs_gpu
 @pytest.mark.parametrize("hkv", [1, 2, 8], ids=["mqa", "gqa", "mha"])
-def test_gqa_mqa(ext, hkv):
+def test_gqa_mqa(sm75_ops, hkv):
     q, k, v = make_qkv(2, 8, hkv, 257, 257, 128, dtype=torch.bfloat16, seed=hkv)
     out, _ = attn(q, k, v, causal=True)
     assert_accurate(out, q, k, v, causal=True)
@@ -228,7 +217,7 @@ def test_gqa_mqa(ext, hkv):
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("smooth_k", [True, False])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_lse(ext, smooth_k, causal, gran):
+def test_lse(sm75_ops, smooth_k, causal, gran):
     q, k, v = make_qkv(1, 4, 2, 333, 500, 64, layout="NHD", seed=3)
     out, lse = attn(
         q, k, v, layout="NHD", causal=causal, smooth_k=smooth_k, return_lse=True, qk_quant_gran=gran
@@ -247,7 +236,7 @@ def test_lse(ext, smooth_k, causal, gran):
 @needs_gpu
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("sm_scale", [0.05, 0.125, 0.2, 0.3])
-def test_custom_scale(ext, sm_scale, gran):
+def test_custom_scale(sm75_ops, sm_scale, gran):
     q, k, v = make_qkv(1, 2, 2, 200, 200, 128, seed=5)
     out, _ = attn(q, k, v, sm_scale=sm_scale, qk_quant_gran=gran)
     if sm_scale <= 0.125 or (sm_scale == 0.2 and gran == "per_thread"):
@@ -259,7 +248,7 @@ def test_custom_scale(ext, sm_scale, gran):
 
 
 @needs_gpu
-def test_no_smoothing_and_smooth_v(ext):
+def test_no_smoothing_and_smooth_v(sm75_ops):
     q, k, v = make_qkv(1, 2, 2, 300, 300, 64, seed=6, k_offset=False)
     out, _ = attn(q, k, v, smooth_k=False)
     assert_accurate(out, q, k, v, smooth_k=False)
@@ -268,7 +257,7 @@ def test_no_smoothing_and_smooth_v(ext):
 
 
 @needs_gpu
-def test_extreme_inputs_stay_finite(ext):
+def test_extreme_inputs_stay_finite(sm75_ops):
     q, k, v = make_qkv(1, 2, 2, 200, 200, 128, seed=7)
     zeros = torch.zeros_like(q)
     out, lse = attn(zeros, zeros, v, return_lse=True)  # every scale at its floor
@@ -285,7 +274,7 @@ def test_extreme_inputs_stay_finite(ext):
 @needs_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_bf16_v_beyond_fp16_range(ext, d, causal):
+def test_bf16_v_beyond_fp16_range(sm75_ops, d, causal):
     """A bfloat16 V of magnitude 1e5, past fp16's 65504 (the validation suite's "V magnitude 1e5"):
     V is divided per channel by a power of two before its fp16 conversion and each output channel
     multiplied back (launchers.h, kV16Max), so the output is finite and as accurate as usual."""
@@ -298,7 +287,7 @@ def test_bf16_v_beyond_fp16_range(ext, d, causal):
 
 @needs_gpu
 @pytest.mark.parametrize("d", [64, 128])
-def test_bf16_v_scales_follow_channels_and_heads(ext, d):
+def test_bf16_v_scales_follow_channels_and_heads(sm75_ops, d):
     """Each (kv head, channel) of V gets its own magnitude, 1 to 1e5 (scales 1 to 16): every output
     channel must get its own kv head's and channel's scale back. Compared with each channel divided
     by its magnitude, so that small channels weigh as much as large ones."""
@@ -334,7 +323,7 @@ def _nan_padded(t, layout, extra=64):
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("n", [17, 33, 129])
-def test_never_reads_past_sequence_end(ext, layout, n, gran):
+def test_never_reads_past_sequence_end(sm75_ops, layout, n, gran):
     q, k, v = make_qkv(2, 2, 1, n, n + 3, 64, layout=layout, seed=n)
     expected, expected_lse = attn(q, k, v, layout=layout, return_lse=True, qk_quant_gran=gran)
     qp, kp, vp = (_nan_padded(t, layout) for t in (q, k, v))
@@ -344,7 +333,7 @@ def test_never_reads_past_sequence_end(ext, layout, n, gran):
 
 
 @needs_gpu
-def test_strided_views_equal_contiguous(ext):
+def test_strided_views_equal_contiguous(sm75_ops):
     b, n, h, d = 2, 150, 4, 64
     qkv = torch.randn(b, n, 3, h, d, device="cuda", dtype=torch.float16)  # a fused projection
     q, k, v = qkv.unbind(dim=2)  # NHD views with token stride 3*h*d
@@ -360,7 +349,7 @@ def test_strided_views_equal_contiguous(ext):
 
 
 @needs_gpu
-def test_deterministic(ext):
+def test_deterministic(sm75_ops):
     q, k, v = make_qkv(1, 4, 4, 1000, 1000, 128, seed=9)
     a, la = attn(q, k, v, return_lse=True)
     b, lb = attn(q, k, v, return_lse=True)
@@ -368,7 +357,7 @@ def test_deterministic(ext):
 
 
 @needs_gpu
-def test_runs_on_current_stream_and_graph_capture(ext):
+def test_runs_on_current_stream_and_graph_capture(sm75_ops):
     q, k, v = make_qkv(1, 2, 2, 256, 256, 128, seed=10)
     expected, _ = attn(q, k, v, causal=True)
     side = torch.cuda.Stream()
@@ -394,7 +383,7 @@ def test_runs_on_current_stream_and_graph_capture(ext):
 
 @needs_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_device_guard(ext):
+def test_device_guard(sm75_ops):
     q, k, v = make_qkv(1, 2, 2, 100, 100, 64, seed=12)
     expected, _ = attn(q, k, v)
     with torch.cuda.device(0):
@@ -409,23 +398,23 @@ def test_device_guard(ext):
 @needs_gpu
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_opcheck(ext, return_lse, gran):
+def test_opcheck(sm75_ops, return_lse, gran):
     q, k, v = make_qkv(1, 2, 1, 40, 70, 64, layout="NHD", seed=13)
     torch.library.opcheck(
-        ext.qk_int8_pv_fp16.default, (q, k, v, "NHD", True, 0.125, gran, True, return_lse)
+        sm75_ops.qk_int8_pv_fp16.default, (q, k, v, "NHD", True, 0.125, gran, True, return_lse)
     )
 
 
 @needs_gpu
 @pytest.mark.parametrize("gran", ["per_block", "per_tensor", ""])
-def test_op_rejects_other_granularities(ext, gran):
+def test_op_rejects_other_granularities(sm75_ops, gran):
     q, k, v = make_qkv(1, 2, 2, 40, 40, 64, seed=15)
     with pytest.raises(RuntimeError, match="qk_quant_gran must be 'per_thread' or 'per_warp'"):
-        ext.qk_int8_pv_fp16(q, k, v, "HND", False, 0.125, gran, True, False)
+        sm75_ops.qk_int8_pv_fp16(q, k, v, "HND", False, 0.125, gran, True, False)
 
 
 @needs_gpu
-def test_torch_compile_fullgraph(ext):
+def test_torch_compile_fullgraph(sm75_ops):
     q, k, v = make_qkv(1, 2, 2, 96, 96, 64, seed=14)
 
     def fn(q, k, v):

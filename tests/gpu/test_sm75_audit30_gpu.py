@@ -16,17 +16,6 @@ from sageattention.native import sm75
 SDPA_COSINE, SDPA_REL_L1 = 0.9998, 0.02  # design.md, INT8 QK + FP16 PV against fp32 SDPA
 
 
-@pytest.fixture(scope="module")
-def ext():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    try:
-        sm75.load()
-    except ImportError as exc:
-        pytest.skip(f"sm75 family not in this installation: {exc}")
-    return torch.ops.sageattention_sm75
-
-
 def _inputs(b, hq, hkv, nq, nk, d, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(b, hq, nq, d, generator=gen, device="cuda")
@@ -52,7 +41,7 @@ def _rel_l1(a, b):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("magnitude", [1e-5, 1e-6, 1e-7, 1e-8, 1e-20])
-def test_small_bf16_v_is_as_accurate_as_ordinary_v(ext, magnitude, d, causal):
+def test_small_bf16_v_is_as_accurate_as_ordinary_v(sm75_ops, magnitude, d, causal):
     q, k, v = _inputs(2, 4, 2, 300, 300, d, seed=int(-math.log10(magnitude)) + d + causal)
     q, k, v = q.bfloat16(), k.bfloat16(), (v * magnitude).bfloat16()
     out, _ = sm75.qk_int8_pv_fp16(q, k, v, tensor_layout="HND", is_causal=causal, sm_scale=None,
@@ -65,7 +54,7 @@ def test_small_bf16_v_is_as_accurate_as_ordinary_v(ext, magnitude, d, causal):
     assert _rel_l1(got, exact / magnitude) <= SDPA_REL_L1, _rel_l1(got, exact / magnitude)
 
 
-def test_channels_from_tiny_to_huge_each_keep_their_accuracy(ext):
+def test_channels_from_tiny_to_huge_each_keep_their_accuracy(sm75_ops):
     """Each (kv head, channel) of a bfloat16 V gets its own magnitude, 1e-9 to 1e5: every output
     channel, divided by its magnitude, must meet the bar (small channels weigh as much as large)."""
     d = 128
