@@ -14,8 +14,9 @@
 # table from its raw JSON under benchmarks/results/ into sageattention/calibration/$TABLE_FILE,
 # default sm90.json, e.g. TABLE_FILE=sm90-nvidia-h200.json for that GPU model's own, and rebuild +
 # reinstall the wheel), validate
-# (scripts.factory.validate on the wheel), sm75 (build the sm75 wheel and validate it; validation
-# installs it into a folder of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
+# (scripts.factory.validate on the wheel), sm75 / sm80 / sm89 (build that SM's wheel of CELL's
+# python/torch/cuda and validate it through its PTX on this GPU; validation installs it into a folder
+# of its own, so the sm90 wheel stays the installed one), clocks (SM clock,
 # power and clock-event reasons per backend under load, benchmarks/gpu_dev_clocks.py CLOCKS_ARGS).
 # Environment: OUT, STEPS, TEST_FILES (what the tests step runs, paths from the repository root; default tests/gpu), TABLE_FILE, CLOCKS_ARGS, FUZZ_SEED, FUZZ_CASES, BENCH_ARGS (more arguments of the bench step, e.g. --rounds 3
 # --markdown FILE), LIMIT_<STEP> (seconds, e.g. LIMIT_TESTS=150), DEADLINE (seconds for all
@@ -97,13 +98,13 @@ for step in $STEPS; do
                 --wheel "$WHEEL"
               cd /tmp ;;
     clocks) t clocks 150 python3 "$REPO/benchmarks/gpu_dev_clocks.py" --json "$S/clocks.json" ${CLOCKS_ARGS:-} ;;
-    sm75) # the Turing wheel, validated here through its compute_75 PTX (the Turing code path, not
-          # Turing hardware)
-          cd "$REPO"
-          t build75 200 python3 -m scripts.factory build --cell "${CELL%-sm90}-sm75" --no-repair \
-              --out "$S/wheel75" &&
-            t validate75 300 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
-              --wheel "$(ls "$S"/wheel75/*.whl | head -n 1)"
+    sm75|sm80|sm89) # that SM's wheel, validated here through its embedded PTX (compute_75 for
+          # Turing: that code path, not that hardware); the installed sm90 wheel stays installed
+          cd "$REPO"; sm=${step#sm}
+          t "build$sm" 200 python3 -m scripts.factory build --cell "${CELL%-sm90}-$step" --no-repair \
+              --out "$S/wheel$sm" &&
+            t "validate$sm" 300 python3 -m scripts.factory.validate --system --quick --out-dir "$S/reports" \
+              --wheel "$(ls "$S/wheel$sm"/*.whl | head -n 1)"
           cd /tmp ;;
     *) summary+=("$step: unknown step") ;;
   esac

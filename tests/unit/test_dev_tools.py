@@ -278,6 +278,27 @@ def test_session_table_step_names_the_calibration_after_the_card(tmp_path, gpu, 
     assert f"--from-benchmark benchmarks/results/{written[0]}" in calls.read_text()
 
 
+@pytest.mark.parametrize("step", ["sm75", "sm80", "sm89"])
+def test_session_ptx_step_builds_and_validates_that_sms_wheel(tmp_path, step):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    # python3 also drops a wheel into the folder a build's --out names, as the factory would
+    proc, calls = _run_session(
+        tmp_path, repo, "NVIDIA H100 80GB HBM3", {"STEPS": step, "CELL": None},
+        'prev=""\nfor a in "$@"; do [ "$prev" = --out ] && mkdir -p "$a" && '
+        ': > "$a/sageattention-2.2.0+x-cp312-cp312-linux_x86_64.whl"; prev=$a; done\n')
+    assert proc.returncode == 0, proc.stderr
+    sm = step[2:]
+    ran = calls.read_text().splitlines()
+    builds = [line for line in ran if "scripts.factory build" in line]
+    assert [line.split("--cell ")[1].split()[0] for line in builds] == [
+        "linux-cp312-torch2.11-cu130-sm90", f"linux-cp312-torch2.11-cu130-{step}"]
+    assert f"/wheel{sm} " in builds[1] + " "
+    validated = [line for line in ran if "scripts.factory.validate" in line]
+    assert len(validated) == 1 and f"/wheel{sm}/sageattention-2.2.0+x-" in validated[0]
+    assert f"validate{sm}: exit 0" in proc.stdout
+
+
 def test_call_overhead_prints_every_path_against_torch(capsys):
     overhead = _load("cpu_call_overhead")
     assert overhead.main(["--calls", "3", "--rounds", "1"]) == 0
