@@ -124,7 +124,9 @@ def _jsonable(obj: Any, depth: int = 0) -> Any:
         return _jsonable(dataclasses.asdict(obj), depth + 1)
     if isinstance(obj, dict):
         return {str(k): _jsonable(v, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
+    if isinstance(obj, range) and obj.step == 1 and len(obj):   # a backend's head dims, 1..128
+        return {"min": obj.start, "max": obj.stop - 1}
+    if isinstance(obj, (list, tuple, set, frozenset, range)):
         items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
         return [_jsonable(v, depth + 1) for v in items]
     if isinstance(obj, (str, int, float, bool)) or obj is None:

@@ -1,6 +1,6 @@
 """The checks, in the order and under the names of the release notes' "Verified" list
-(shared/seeds/sm75-turing-release-notes.txt), plus torch.compile, non-contiguous inputs and
-extreme magnitudes."""
+(shared/seeds/sm75-turing-release-notes.txt), plus torch.compile, non-contiguous inputs,
+extreme magnitudes and head dims between the kernels' widths."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ CHECKS: list[Check] = [
     Check("torch.compile", "torch-compile", r.compiled),
     Check("Non-contiguous inputs", "non-contiguous", n.non_contiguous),
     Check("Extreme magnitudes", "extreme-magnitudes", n.extreme_magnitudes),
+    Check("Head dimensions 40 and 96 (zero-padded)", "padded-head-dims", n.padded_head_dims,
+          in_accuracy_summary=True),
 ]
 
 CHECK_NAMES = [c.name for c in CHECKS]

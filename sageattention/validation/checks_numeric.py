@@ -62,6 +62,15 @@ def head_dims(ctx: Context, rec: Recorder, backend):
                      causal=causal, seed=7)
 
 
+def padded_head_dims(ctx: Context, rec: Recorder, backend):
+    """Head dims the native kernels were not compiled for: they run zero-padded to the next
+    width (40 at 64, 96 at 128), so a slicing or scale slip shows up as an accuracy failure."""
+    for d in ctx.profile.padded_head_dims:
+        for causal in (False, True):
+            run_case(ctx, rec, backend, f"head_dim={d} causal={causal}", head_dim=d,
+                     causal=causal, seed=8)
+
+
 def sequence_boundaries(ctx: Context, rec: Recorder, backend):
     """Lengths around every block size; memory past each sequence's end holds NaN, so a kernel
     that reads beyond the last token produces NaN instead of passing by luck."""

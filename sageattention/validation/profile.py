@@ -12,6 +12,8 @@ class Profile:
     heads: int = 8
     seq_len: int = 1024
     head_dims: tuple[int, ...] = (64, 128)
+    # between the native kernels' widths: they run zero-padded to 64 and to 128
+    padded_head_dims: tuple[int, ...] = (40, 96)
     boundary_lengths: tuple[int, ...] = (1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
                                          255, 257, 1000, 1023, 1025)
     cross_lengths: tuple[int, int] = (333, 1100)

@@ -438,6 +438,24 @@ def _accuracy_section(report, add) -> None:
     add("")
 
 
+def _native_head_dims_line(table, serving, dims) -> str:
+    """What the validated wheel's dispatcher does with head dims: its backends table says whether
+    it runs the ones between the kernels' widths zero-padded (head_dims {"min", "max"} beside
+    kernel_head_dims); a wheel whose table does not say so sent them elsewhere."""
+    rows = [row for row in table if isinstance(row, dict) and row.get("kind") == "native"
+            and row.get("family") in serving]
+    spans = [row.get("head_dims") for row in rows]
+    if rows and all(isinstance(s, dict) and isinstance(s.get("min"), int)
+                    and isinstance(s.get("max"), int) and row.get("kernel_head_dims")
+                    for s, row in zip(spans, rows)):
+        low, high = min(s["min"] for s in spans), max(s["max"] for s in spans)
+        return (f"- Native head dimensions: kernels for {', '.join(map(str, dims))}; head dims "
+                f"{low} to {high} run on the next of them with zero-padded Q, K and V; larger "
+                f"head dims use the Triton or SDPA path.")
+    return (f"- Native head dimensions: {', '.join(map(str, dims))}; other head dims use the "
+            f"Triton or SDPA path.")
+
+
 def _limitations_section(report, sms, families, add) -> None:
     table = report.get("backends_table") if isinstance(report.get("backends_table"), list) else []
     for sm, _ in sms:
@@ -460,8 +478,7 @@ def _limitations_section(report, sms, families, add) -> None:
             add(f"- `qk_quant_gran=\"per_thread\"` is not supported by the native SM{sm} path; "
                 f"it uses {', '.join(sorted(grans))}.")
         add(f"- Native PV accumulation: {', '.join(accums)}.")
-        add(f"- Native head dimensions: {', '.join(map(str, dims))}; other head dims use the "
-            f"Triton or SDPA path.")
+        add(_native_head_dims_line(table, serving, dims))
         add("- The native kernels take no attention mask: masked calls use the Triton mask "
             "kernels where the GPU supports them, else the PyTorch SDPA fallback.")
         limits = {row.get("max_batch_and_heads") for row in table

@@ -124,6 +124,20 @@ def test_grid_limit_is_stated_when_the_report_carries_it():
     assert line in text.split("## Known SM90 limitations")[1].split("##")[0]
 
 
+def test_padded_head_dims_are_claimed_only_when_the_wheels_table_says_so():
+    doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
+    limits = notes.render(doc, f"{STEM90}.report.json").split("## Known SM90 limitations")[1]
+    assert "Native head dimensions: 64, 128; other head dims use the Triton or SDPA path." in limits
+    # a wheel whose dispatcher pads (its backends table: a span of head dims and the kernels' widths)
+    doc["backends_table"] += [{"name": f"cuda-{family}", "kind": "native", "family": family,
+                               "head_dims": {"min": 1, "max": 128}, "kernel_head_dims": [64, 128]}
+                              for family in doc["families"]]
+    limits = notes.render(doc, f"{STEM90}.report.json").split("## Known SM90 limitations")[1]
+    assert ("Native head dimensions: kernels for 64, 128; head dims 1 to 128 run on the next of "
+            "them with zero-padded Q, K and V; larger head dims use the Triton or SDPA path."
+            in limits.split("##")[0])
+
+
 def test_a_report_with_the_sm90_fp8_family_names_its_backend_and_modes():
     doc = reports.load_report(FIXTURES / f"{STEM90}.report.json")
     table = json.loads(notes.FAMILIES_JSON.read_text())["families"]

@@ -146,9 +146,9 @@ def by_name(doc):
 
 # -- the check list ----------------------------------------------------------------------
 
-def test_check_names_are_the_seeds_plus_three():
+def test_check_names_are_the_seeds_plus_four():
     assert CHECK_NAMES == SEED_NAMES + ["torch.compile", "Non-contiguous inputs",
-                                        "Extreme magnitudes"]
+                                        "Extreme magnitudes", "Head dimensions 40 and 96 (zero-padded)"]
     assert len({c.slug for c in CHECKS}) == len(CHECKS)
 
 
@@ -182,7 +182,7 @@ def test_correct_library_passes_everything_that_can_run_on_cpu():
     assert fp16["backends"] == ["cuda-sm80-fp16", "cuda-sm89-fp8"]
     assert fp16["errors"]["cosine"] > 0.9999 and fp16["errors"]["rel_l1"] < 0.01
     assert checks["Boolean attention masks"]["backend"] == "sdpa"
-    assert doc["summary"] == {"pass": 22, "fail": 0, "skip": 3, "failed": [], "all_passed": True}
+    assert doc["summary"] == {"pass": 23, "fail": 0, "skip": 3, "failed": [], "all_passed": True}
     assert set(doc["accuracy"]) == {"cuda-sm80-fp16", "cuda-sm89-fp8"}
     json.dumps(doc, allow_nan=False)  # strict JSON
 
@@ -301,6 +301,28 @@ def test_reading_past_the_sequence_end_is_caught():
     assert rec["status"] == "fail"
     assert "non-finite" in rec["reason"]
     assert any(c["label"].endswith("N=7 causal=False") and not c["ok"] for c in rec["cases"])
+
+
+def test_padding_that_scales_by_the_padded_width_is_caught():
+    """A kernel run zero-padded must keep the call's own scale, head_dim ** -0.5 of the real head
+    dim: one that takes the padded width's (64 for 40) is off, and the padded check says so."""
+    lib = FakeLib()
+    original = lib.attention
+
+    def padded_scale(q, k, v, layout, causal, scale, mask):
+        d = q.shape[-1]
+        width = 64 if d <= 64 else 128
+        return original(q, k, v, layout, causal, width ** -0.5 if scale is None else scale, mask)
+
+    lib.attention = padded_scale
+    doc = run(lib, only=["padded-head-dims", "head-dims"])
+    padded, plain = (by_name(doc)[name] for name in ("Head dimensions 40 and 96 (zero-padded)",
+                                                       "Head dimensions 64 and 128"))
+    assert plain["status"] == "pass", plain
+    assert padded["status"] == "fail", padded
+    failed = [c["label"] for c in padded["cases"] if not c["ok"]]
+    for d in (40, 96):   # every native backend, each head dim
+        assert sum(label.endswith(f"head_dim={d} causal=False") for label in failed) == 2, failed
 
 
 def test_drift_over_repeated_calls_fails_the_stress_check():
