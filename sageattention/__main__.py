@@ -194,13 +194,81 @@ def verdict(info: dict | None, env: dict) -> tuple[bool, list[str]]:
     return ok, lines
 
 
+def _shape(text: str) -> tuple[int, int, int, int]:
+    """argparse type of --explain: 'BxHxNxD', e.g. 4x32x4096x128."""
+    parts = text.lower().split("x")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"not a shape: {text!r}; write batch x heads x tokens x head dim, e.g. 4x32x4096x128")
+    return tuple(int(p) for p in parts)
+
+
+def explain_shapes(shapes, *, dtype: str, causal: bool, kv_len: int | None,
+                   kv_heads: int | None) -> list[str]:
+    """One line per shape: which backend plain sageattn(q, k, v) picks on this machine's first
+    GPU (else the CPU) for HND inputs of that shape, and why (sageattention.explain). The inputs
+    are allocated, never read."""
+    import torch
+
+    from . import explain
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    lines = []
+    for b, h, n, d in shapes:
+        hk, nk = kv_heads or h, kv_len if kv_len is not None else n
+        q = torch.empty((b, h, n, d), dtype=torch_dtype, device=device)
+        k, v = (torch.empty((b, hk, nk, d), dtype=torch_dtype, device=device) for _ in range(2))
+        what = f"{b}x{h}x{n}x{d}" + (f" (keys {b}x{hk}x{nk}x{d})" if (hk, nk) != (h, n) else "")
+        try:
+            said = explain(q, k, v, tensor_layout="HND", is_causal=causal)
+        except (ValueError, TypeError) as exc:   # e.g. query heads not a multiple of key heads
+            said = f"refused: {exc}"
+        lines.append(f"{what} {dtype}{' causal' if causal else ''} on {device}: {said}")
+        del q, k, v
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sageattention",
         description="Print this sageattention build's info, the environment, and whether "
-                    "the build can run here (exit 1 if not).")
+                    "the build can run here (exit 1 if not). With --explain, say instead which "
+                    "backend sageattn would run for each shape on this machine, and why.",
+        epilog="example: python -m sageattention --explain 1x32x16384x128 --explain 8x32x1024x64 "
+               "--dtype bf16 --causal")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--explain", metavar="BxHxNxD", type=_shape, action="append",
+                        help="a q shape (HND: batch x heads x tokens x head dim); repeatable")
+    parser.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
+                        help="with --explain: the inputs' dtype (default fp16)")
+    parser.add_argument("--causal", action="store_true", help="with --explain: is_causal=True")
+    parser.add_argument("--kv-len", type=int, metavar="N",
+                        help="with --explain: keys per sequence (default: the query's tokens)")
+    parser.add_argument("--kv-heads", type=int, metavar="H",
+                        help="with --explain: key/value heads, for GQA/MQA (default: the query's)")
     args = parser.parse_args(argv)
+    if not args.explain:
+        unused = [flag for flag, given in (("--dtype", args.dtype != "fp16"), ("--causal", args.causal),
+                                           ("--kv-len", args.kv_len is not None),
+                                           ("--kv-heads", args.kv_heads is not None)) if given]
+        if unused:
+            parser.error(f"{', '.join(unused)}: these options describe --explain's inputs; give "
+                         "--explain BxHxNxD with them")
+    else:
+        if args.json:
+            parser.error("--explain prints sentences; it takes no --json")
+        for flag, value in (("--kv-len", args.kv_len), ("--kv-heads", args.kv_heads)):
+            if value is not None and value < (0 if flag == "--kv-len" else 1):
+                parser.error(f"{flag} must be {'>= 0' if flag == '--kv-len' else '>= 1'}, got {value}")
+        try:
+            import sageattention  # noqa: F401  (IncompatibleBuildError where the build does not fit)
+        except Exception as exc:  # noqa: BLE001 - the plain command names the mismatch
+            print(f"error: sageattention does not import here ({type(exc).__name__}: {exc}); run "
+                  "python -m sageattention for the build's verdict", file=sys.stderr)
+            return 1
+        print("\n".join(explain_shapes(args.explain, dtype=args.dtype, causal=args.causal,
+                                       kv_len=args.kv_len, kv_heads=args.kv_heads)))
+        return 0
     info = build_info.load()
     env = _environment()
     env["native"] = _native_status(info, env)
