@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import kernels, repair, wheelcheck
+from . import arch, kernels, repair, wheelcheck
 from .arch import REPO_ROOT
 from .errors import BuildError, PlanError
 from .host import venv_python
@@ -30,6 +30,13 @@ def _run(command: Sequence[str], what: str, env: Mapping[str, str] | None = None
                          f"{time.monotonic() - started:.0f}s: {' '.join(map(str, command))}")
 
 
+def _major_minor_or_none(version: str) -> str | None:
+    try:
+        return arch.major_minor(version)
+    except ValueError:
+        return None
+
+
 def prepare_python(plan: CellPlan, log: Callable[[str], None] = print) -> Path:
     """The interpreter to build with: the host's, or a venv with the cell's torch."""
     if plan.venv is None:
@@ -42,8 +49,11 @@ def prepare_python(plan: CellPlan, log: Callable[[str], None] = print) -> Path:
     probe = subprocess.run([str(python), "-c", "import torch; print(torch.version.cuda)"],
                            capture_output=True, text=True)
     cuda = probe.stdout.strip()
-    if probe.returncode != 0 or cuda in ("", "None") or cuda.split(".")[0] != \
-            plan.cell.cuda.split(".")[0]:
+    # major.minor, as the plan's torch_fits and the cell id (cu130) compare it: a cu126 torch
+    # in a cu128 cell would build a wheel labelled for the wrong CUDA (setup.py then refuses it
+    # after minutes, as "the wheel build failed")
+    if probe.returncode != 0 or cuda in ("", "None") or _major_minor_or_none(cuda) != \
+            arch.major_minor(plan.cell.cuda):
         raise BuildError(
             f"the torch installed in {plan.venv} has CUDA {cuda or 'none'}, cell "
             f"{plan.cell.id} needs CUDA {plan.cell.cuda}: point pip at the right index, e.g. "

@@ -216,7 +216,8 @@ def parse_matrix(data: Any, source: str = "build_matrix.yaml",
     if not isinstance(data, dict):
         raise MatrixError("the file must be a mapping with keys version, runners, cells", source)
     problems += _unknown_keys(data, TOP_KEYS, "top level")
-    if data.get("version") != SCHEMA_VERSION:
+    # type(...) is int: YAML's `true` and `1.0` compare equal to 1 but are no schema version
+    if type(data.get("version")) is not int or data.get("version") != SCHEMA_VERSION:
         problems.append(f"top level: 'version' must be {SCHEMA_VERSION}, got "
                         f"{data.get('version')!r}")
     build_runners, validate_runners = _parse_runners(data.get("runners"), "top level", problems)
@@ -296,6 +297,9 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise MatrixError(f"cannot read the file: {exc.strerror}", str(path)) from exc
+    except UnicodeDecodeError as exc:  # a binary file, or another encoding: YAML is UTF-8 here
+        raise MatrixError(f"not UTF-8 text ({exc.reason} at byte {exc.start}); save the "
+                          "matrix as UTF-8 YAML", str(path)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

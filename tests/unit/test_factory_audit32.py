@@ -1,0 +1,65 @@
+"""Audit 32 of the wheel factory: inputs that were silently taken or ended in a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="matrix tests need PyYAML")
+
+from scripts.factory import build, cli, matrix  # noqa: E402
+from scripts.factory.errors import BuildError, MatrixError  # noqa: E402
+from scripts.factory.host import Interpreter  # noqa: E402
+from scripts.factory.model import Cell, Target  # noqa: E402
+from scripts.factory.plan import CellPlan  # noqa: E402
+
+GROUP = ('cells:\n  - os: linux\n    python: "3.12"\n    torch: "2.12.0"\n    cuda: "13.0"\n'
+         '    sm: sm75\n')
+
+
+def test_a_matrix_that_is_not_utf8_is_a_matrix_error_not_a_traceback(tmp_path, capsys):
+    # It raised UnicodeDecodeError out of `matrix --check`, `plan` and `check` (exit 1).
+    path = tmp_path / "m.yaml"
+    path.write_bytes(b"\xff\xfe" + ("version: 1\n" + GROUP).encode("utf-16-le"))
+    with pytest.raises(MatrixError, match="not UTF-8 text"):
+        matrix.load_matrix(path)
+    assert cli.main(["matrix", "--check", str(path)]) == MatrixError.exit_code
+    assert cli.main(["plan", "--sm", "sm75", "--matrix", str(path)]) == MatrixError.exit_code
+    err = capsys.readouterr().err
+    assert err.count(f"error: {path}: 1 problem(s):") == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("written, shown", [("true", "True"), ("1.0", "1.0")])
+def test_a_schema_version_that_only_compares_equal_to_1_is_refused(tmp_path, written, shown):
+    # `version: true` and `version: 1.0` passed as schema version 1 (True == 1.0 == 1 in Python).
+    path = tmp_path / "m.yaml"
+    path.write_text(f"version: {written}\n" + GROUP)
+    with pytest.raises(MatrixError) as info:
+        matrix.load_matrix(path)
+    assert info.value.problems == [f"top level: 'version' must be 1, got {shown}"]
+    path.write_text("version: 1\n" + GROUP)
+    assert [c.id for c in matrix.load_matrix(path).cells] == ["linux-cp312-torch2.12-cu130-sm75"]
+
+
+def test_a_venv_torch_for_another_cuda_minor_is_refused_before_the_build(tmp_path, monkeypatch):
+    # prepare_python compared the CUDA major only: a cu126 torch passed for a cu128 cell, whose
+    # plan (torch_fits) and id compare major.minor, and setup.py refused it minutes later.
+    cell = Cell(os="linux", python="3.11", torch="2.9.1", cuda="12.8", targets=(Target(89),))
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    plan = CellPlan(cell, True, "buildable here",
+                    Interpreter("/usr/bin/python3.11", "3.11", None, None), venv)
+    monkeypatch.setattr(build, "_run", lambda *a, **k: None)
+
+    def torch_cuda(version):
+        monkeypatch.setattr(build.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+            a, 0, stdout=f"{version}\n", stderr=""))
+
+    torch_cuda("12.6")
+    with pytest.raises(BuildError, match="has CUDA 12.6, cell .* needs CUDA 12.8"):
+        build.prepare_python(plan, log=lambda _line: None)
+    torch_cuda("12.8")
+    assert build.prepare_python(plan, log=lambda _line: None) == Path(venv / "bin" / "python")
