@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
 from . import arch, kernels, repair, wheelcheck
 from .arch import REPO_ROOT
 from .errors import BuildError, PlanError
@@ -35,6 +37,16 @@ def _major_minor_or_none(version: str) -> str | None:
         return arch.major_minor(version)
     except ValueError:
         return None
+
+
+def _is_cells_wheel(file_name: str, cell) -> bool:
+    """Whether a wheel file name is sageattention at the cell's version for its Python tag."""
+    try:
+        name, version, _, tags = parse_wheel_filename(file_name)
+    except InvalidWheelFilename:
+        return False
+    return (name == "sageattention" and version == cell.version()
+            and any(tag.interpreter == cell.python_tag for tag in tags))
 
 
 def prepare_python(plan: CellPlan, log: Callable[[str], None] = print) -> Path:
@@ -98,8 +110,11 @@ def build_cell(plan: CellPlan, *, jobs: int, out_dir: Path = WHEELHOUSE,
                                    prefix=repair.repair_prefix(cell.os)),
              f"{repair.repair_tool(cell.os)} repair", log=log)
         fresh = [p for p in out_dir.glob("*.whl") if p not in before]
-        prefix = f"sageattention-{cell.version()}-{cell.python_tag}-"
-        candidates = fresh or [p for p in out_dir.glob("*.whl") if p.name.startswith(prefix)]
+        # none new: the repaired wheel overwrote one of the same name from an earlier build
+        candidates = fresh or [p for p in out_dir.glob("*.whl") if _is_cells_wheel(p.name, cell)]
+        if not candidates:
+            raise BuildError(f"{repair.repair_tool(cell.os)} exited 0 but left no wheel of "
+                             f"{cell.id} in {out_dir} (repaired from {raw.name})")
         final = max(candidates, key=lambda p: p.stat().st_mtime)
     else:
         final = out_dir / raw.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,47 @@ def test_a_venv_torch_for_another_cuda_minor_is_refused_before_the_build(tmp_pat
         build.prepare_python(plan, log=lambda _line: None)
     torch_cuda("12.8")
     assert build.prepare_python(plan, log=lambda _line: None) == Path(venv / "bin" / "python")
+
+
+def _build_with_a_repair_that_writes(tmp_path, monkeypatch, repaired_names):
+    """build_cell with stand-ins: pip writes the raw wheel; the repair tool writes repaired_names
+    into the output folder (none: it leaves nothing). Returns the output folder and the call."""
+    from scripts.factory import build, plan, wheelcheck
+    from test_plan import cell, host
+
+    the_cell = cell()
+    raw = f"sageattention-{the_cell.version()}-cp311-cp311-linux_x86_64.whl"
+    out = tmp_path / "wheelhouse"
+
+    def fake_run(command, what, env=None, log=print):
+        command = [str(c) for c in command]
+        target = Path(command[command.index("-w") + 1])
+        target.mkdir(parents=True, exist_ok=True)
+        for name in ([raw] if "repair" not in command else repaired_names):
+            (target / name).write_bytes(b"w")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "prepare_python", lambda p, log=print: Path(sys.executable))
+    monkeypatch.setattr(build.repair, "repair_prefix", lambda os_name: ["auditwheel"])
+    monkeypatch.setattr(wheelcheck, "check_wheel", lambda wheel, matrix=None: None)
+    planned = plan.plan_cell(the_cell, host())
+    return out, the_cell, lambda: build.build_cell(planned, jobs=1, out_dir=out, log=lambda s: None)
+
+
+def test_a_repair_that_leaves_no_wheel_is_a_build_error(tmp_path, monkeypatch):
+    out, the_cell, call = _build_with_a_repair_that_writes(tmp_path, monkeypatch, [])
+    out.mkdir()
+    # an older build's wheel of another cell and a stray file are not this cell's wheel
+    (out / "sageattention-2.2.0+sm75.torch2.12cu130-cp312-cp312-linux_x86_64.whl").write_bytes(b"o")
+    (out / "notes.whl").write_bytes(b"x")
+    with pytest.raises(BuildError, match=f"left no wheel of {the_cell.id}"):
+        call()
+
+
+def test_a_repaired_wheel_that_overwrote_an_earlier_one_is_found_by_its_parsed_name(tmp_path, monkeypatch):
+    from test_plan import cell
+    repaired = f"sageattention-{cell().version()}-cp311-cp311-manylinux_2_28_x86_64.whl"
+    out, _, call = _build_with_a_repair_that_writes(tmp_path, monkeypatch, [repaired])
+    out.mkdir()
+    (out / repaired).write_bytes(b"earlier")   # same name: the repair's output is not "fresh"
+    assert call() == out / repaired
