@@ -152,7 +152,9 @@ def _exact_softmax_attention(q, k, v, mask, is_causal: bool, scale: float, dropo
     rows_total = math.prod(lead) * hq * nk
     step = max(1, min(nq, LSE_SCORE_BUDGET // 2 // max(1, rows_total)))   # float64: half the elements
     outs, lses = [], []
-    for r0 in range(0, nq, step):
+    # at least one block: without queries it gives the empty output and LSE of the right shape
+    # (torch.cat of no blocks raised), as torch's SDPA returns them
+    for r0 in range(0, max(nq, 1), step):
         qb = q[..., r0:r0 + step, :].double()
         rows = qb.shape[-2]
         if group > 1:
@@ -166,7 +168,8 @@ def _exact_softmax_attention(q, k, v, mask, is_causal: bool, scale: float, dropo
         if mask is not None:
             m = mask[..., r0:r0 + step, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
             x = x.masked_fill(~m, -math.inf) if m.dtype == torch.bool else x + m.double() / scale
-        top = x.amax(dim=-1, keepdim=True).detach()   # the shift changes no weight: no gradient
+        # the shift changes no weight: no gradient; without keys there is no maximum (amax raised)
+        top = x.amax(dim=-1, keepdim=True).detach() if nk else x.new_zeros((*x.shape[:-1], 1))
         top = top.masked_fill(top == -math.inf, 0.0)   # a row without keys: every weight exp(-inf) = 0
         weights = torch.exp((x - top) * scale)
         total = weights.sum(dim=-1, keepdim=True)
