@@ -551,10 +551,7 @@ def generate(report_path: Path, out_dir: Path | None = None) -> tuple[Path, Path
     if missing:
         raise reports.ReportError(f"{report_path}: environment lacks {', '.join(missing)}; a "
                                   "note states only what its report recorded: validate again")
-    expected = reports.report_filename(doc["wheel"]["filename"])
-    if report_path.name != expected:
-        raise reports.ReportError(f"{report_path}: a report for {doc['wheel']['filename']} "
-                                  f"must be named {expected}")
+    reports.check_report_name(report_path, doc)
     out_dir = out_dir or report_path.parent
     return (out_dir / note_filename(doc["wheel"]["filename"]),
             out_dir / charts.chart_filename(doc["wheel"]["filename"]),

@@ -69,6 +69,15 @@ def report_filename(wheel_filename: str) -> str:
     return Path(wheel_filename).stem + REPORT_SUFFIX
 
 
+def check_report_name(report_path: Path, doc: dict) -> None:
+    """A report must be named after the wheel it validated (notes and charts are named from it,
+    and the release pairs them by name): ReportError otherwise."""
+    expected = report_filename(doc["wheel"]["filename"])
+    if Path(report_path).name != expected:
+        raise ReportError(f"{report_path}: a report for {doc['wheel']['filename']} must be named "
+                          f"{expected}")
+
+
 def wheel_stem(wheel_filename: str) -> str:
     parse_wheel_name(wheel_filename)
     return Path(wheel_filename).stem

@@ -383,6 +383,22 @@ def test_chart_refuses_a_folder_where_a_chart_goes_before_writing_any(tmp_path, 
     assert sorted(p.name for p in out.iterdir()) == [f"{STEM90}.speedup.svg"]
 
 
+def test_chart_refuses_a_misnamed_report_and_two_reports_of_one_wheel(tmp_path, capsys):
+    # notes refused both; chart drew a report under another wheel's name, and wrote one chart
+    # twice, the second run's over the first
+    misnamed = tmp_path / f"{STEM75}.report.json"
+    misnamed.write_text((FIXTURES / f"{STEM90}.report.json").read_text())
+    assert chart.main([str(misnamed), "--out-dir", str(tmp_path / "a")]) == 2
+    assert "must be named" in capsys.readouterr().err
+    copy = tmp_path / "b" / f"{STEM90}.report.json"
+    copy.parent.mkdir()
+    copy.write_text((FIXTURES / f"{STEM90}.report.json").read_text())
+    out = tmp_path / "out"
+    assert chart.main([str(FIXTURES / f"{STEM90}.report.json"), str(copy), "--out-dir", str(out)]) == 2
+    assert "two reports would write" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_failed_report_is_verified_for_nothing():
     # The note of a failed run said "Treat this Linux wheel as verified only for: ..." and "Do not
     # rely on this wheel for those features", as if the rest were verified and the wheel released.
