@@ -856,20 +856,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}; nothing written", file=sys.stderr)
         return EXIT_USAGE
 
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "accepted": [a.path.name for a in plan.accepted],
-                    "refused": [
-                        {"filename": r.filename, "reasons": list(r.reasons)} for r in plan.refused
-                    ],
-                    "out": str(args.out) if plan.accepted else None,
-                },
-                indent=2,
-            )
-        )
-    else:
+    def report_json(written: bool) -> None:
+        # printed once the outcome is known: "out" names the release only where it was written
+        if args.json:
+            print(json.dumps({
+                "accepted": [a.path.name for a in plan.accepted],
+                "refused": [{"filename": r.filename, "reasons": list(r.reasons)} for r in plan.refused],
+                "out": str(args.out) if written else None,
+            }, indent=2))
+
+    if not args.json:
         for item in plan.accepted:
             print(f"accepted  {item.path.name}")
         for r in plan.refused:
@@ -877,21 +873,26 @@ def main(argv: list[str] | None = None) -> int:
             for reason in r.reasons:
                 print(f"          - {reason}")
     if not plan.accepted:
+        report_json(False)
         print("error: no wheel passed the release checks; nothing written", file=sys.stderr)
         return EXIT_NOTHING
     try:
         write_release(plan, args.out, args.index_base_url, args.index_url)
     except WheelChangedError as exc:
+        report_json(False)
         print(f"error: {exc}; nothing written", file=sys.stderr)
         return EXIT_NOTHING
     except ValueError as exc:  # the index refuses two accepted wheels it cannot tell apart
+        report_json(False)
         print(f"error: {exc}: keep one of them in {args.wheels}; nothing written",
               file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a read-only or full --out: write_release leaves nothing behind
+        report_json(False)
         print(f"error: cannot write the release to {args.out}: {exc.strerror or exc}; nothing "
               "written", file=sys.stderr)
         return EXIT_USAGE
+    report_json(True)
     if not args.json:
         print(f"wrote {len(plan.accepted)} wheel(s) to {args.out} ({len(plan.refused)} refused)")
     if plan.refused and not args.allow_partial:

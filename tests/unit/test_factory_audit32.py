@@ -108,3 +108,25 @@ def test_a_repaired_wheel_that_overwrote_an_earlier_one_is_found_by_its_parsed_n
     out.mkdir()
     (out / repaired).write_bytes(b"earlier")   # same name: the repair's output is not "fresh"
     assert call() == out / repaired
+
+
+def test_release_json_names_the_out_folder_only_once_the_release_is_written(tmp_path, monkeypatch, capsys):
+    # --json printed "out": <folder> before writing; a write that then failed (exit 2) left JSON
+    # naming a release that was never written
+    import json as _json
+
+    from scripts.factory import release
+    from test_release import run_release
+
+    rc, out = run_release(tmp_path, "--json", "--allow-partial")
+    assert rc == 0 and _json.loads(capsys.readouterr().out)["out"] == str(out)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(release, "write_release", full_disk)
+    rc, out = run_release(tmp_path / "again", "--json", "--allow-partial")
+    captured = capsys.readouterr()
+    assert rc == 2 and "cannot write the release" in captured.err
+    answer = _json.loads(captured.out)
+    assert answer["out"] is None and answer["accepted"]
