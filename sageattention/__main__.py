@@ -216,9 +216,15 @@ def explain_shapes(shapes, *, dtype: str, causal: bool, kv_len: int | None,
     lines = []
     for b, h, n, d in shapes:
         hk, nk = kv_heads or h, kv_len if kv_len is not None else n
-        q = torch.empty((b, h, n, d), dtype=torch_dtype, device=device)
-        k, v = (torch.empty((b, hk, nk, d), dtype=torch_dtype, device=device) for _ in range(2))
         what = f"{b}x{h}x{n}x{d}" + (f" (keys {b}x{hk}x{nk}x{d})" if (hk, nk) != (h, n) else "")
+        try:
+            q = torch.empty((b, h, n, d), dtype=torch_dtype, device=device)
+            k, v = (torch.empty((b, hk, nk, d), dtype=torch_dtype, device=device) for _ in range(2))
+        except (RuntimeError, OverflowError, TypeError) as exc:   # out of memory, a size past int64
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            lines.append(f"{what} {dtype}{' causal' if causal else ''} on {device}: not asked: its "
+                         f"inputs cannot be allocated on {device} ({type(exc).__name__}: {first})")
+            continue
         try:
             said = explain(q, k, v, tensor_layout="HND", is_causal=causal)
         except (ValueError, TypeError) as exc:   # e.g. query heads not a multiple of key heads

@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.render, encoding="utf-8") as fh:
                 doc = json.load(fh)
             _write_markdown(doc, args.render, args.markdown)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             print(f"error: cannot render {args.render}: {exc}", file=sys.stderr)
             return 2
         except (TypeError, KeyError, AttributeError, IndexError) as exc:

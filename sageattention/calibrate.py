@@ -160,7 +160,9 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
 
     Per case: "sdpa" is sageattn forced to SDPA when it was timed (same call overhead as the other
     backends), else torch's SDPA; each other backend is its forced timing, or the headline figure
-    when the run forced the headline to it. A backend that failed or fell back has no time there.
+    when the run forced the headline to it. A backend that failed or fell back has no time there;
+    a case without an SDPA time is refused (BenchmarkFormatError); a time of 0 is kept, for
+    calibration.dumps to refuse by name.
     argv: the calibrate command's arguments, quoted in the `_generated` line; per_model: the table is
     the measured GPU model's own (its `_generated` line names that file)."""
     if not isinstance(doc, dict):
@@ -205,13 +207,20 @@ def table_from_benchmark(doc: dict, *, argv: list[str], source: str = "benchmark
         if not isinstance(timed, dict) or not all(isinstance(r, dict) for r in timed.values()):
             raise BenchmarkFormatError(f"{source}: cases[{i}].backends must map backend names to "
                                        f"objects such as {{\"ran\": \"sdpa\", \"ms\": 1.0}}")
+        # a time that is there is kept, 0 included, for calibration.dumps to refuse by name: read as
+        # "not measured", a 0 dropped SDPA from the entry and sent the shape to a quantized backend
         ms = {name: res["ms"] for name, res in timed.items()
-              if name in BACKEND_NAMES and res.get("ms") and res.get("ran") == name}
-        if SDPA not in ms and row.get("sdpa_ms"):
+              if name in BACKEND_NAMES and res.get("ms") is not None and res.get("ran") == name}
+        if SDPA not in ms and row.get("sdpa_ms") is not None:
             ms[SDPA] = row["sdpa_ms"]
         if headline in BACKEND_NAMES and headline not in ms and row.get("backend") == headline \
-                and row.get("sageattn_ms"):
+                and row.get("sageattn_ms") is not None:
             ms[headline] = row["sageattn_ms"]
+        if SDPA not in ms:   # the benchmark times SDPA at every case; without it nothing is compared
+            raise BenchmarkFormatError(f"{source}: cases[{i}] ({row.get('name') or 'unnamed'}) has no "
+                                       "SDPA time (sdpa_ms, or backends.sdpa with \"ran\": \"sdpa\"); "
+                                       "without it the table would send the shape to a quantized "
+                                       "backend unmeasured against SDPA")
         entries.append({**shape, "ms": {name: _significant(t) for name, t in ms.items()}})
     if not any(set(e["ms"]) - {SDPA} for e in entries):
         # such a table sends every call to SDPA as "faster", though nothing else was measured
@@ -381,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         source = args.from_benchmark
         try:
             doc = json.loads(Path(source).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
             print(f"error: cannot read the benchmark JSON {source}: {exc}", file=sys.stderr)
             return 2
     else:

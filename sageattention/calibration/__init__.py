@@ -324,6 +324,9 @@ def load(path, *, label: str | None = None) -> Table:
         raise CalibrationError(f"calibration table {path}: {exc}") from exc
     except ValueError as exc:
         raise CalibrationError(f"calibration table {path}: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # arrays or objects nested deeper than the parser goes
+        raise CalibrationError(f"calibration table {path}: not a JSON table (nested too deeply to "
+                               f"parse: {exc})") from exc
     return parse(data, source=str(path), label=label)
 
 
