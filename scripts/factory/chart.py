@@ -115,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             docs.append((path, doc))
         targets = [(args.out_dir or path.parent) / chart_filename(doc["wheel"]["filename"])
                    for path, doc in docs]
-        twice = sorted({str(t) for t in targets if targets.count(t) > 1})
-        if twice:
-            raise reports.ReportError(f"two reports would write {', '.join(twice)}; name each "
-                                      "wheel's report once (or write them to different --out-dir)")
+        reports.refuse_shared_targets(targets)
         reports.refuse_folder_targets(targets)
     except reports.ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

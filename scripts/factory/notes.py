@@ -598,12 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         except reports.ReportError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    twice = {g[0] for g in generated if [h[0] for h in generated].count(g[0]) > 1}
-    if twice:
-        print(f"error: two reports would write {', '.join(map(str, sorted(twice)))}; name each "
-              "wheel's report once (or write them to different --out-dir)", file=sys.stderr)
-        return 2
     try:
+        reports.refuse_shared_targets([g[0] for g in generated])
         reports.refuse_folder_targets([t for g in generated for t in g[:2]])
     except reports.ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -841,5 +841,13 @@ def refuse_folder_targets(targets: list[Path]) -> None:
                           "move it away or write elsewhere with --out-dir")
 
 
+def refuse_shared_targets(targets: list[Path]) -> None:
+    """Raise ReportError when two reports would write one file (the second over the first)."""
+    twice = sorted({str(t) for t in targets if targets.count(t) > 1})
+    if twice:
+        raise ReportError(f"two reports would write {', '.join(twice)}; name each wheel's report "
+                          "once (or write them to different --out-dir)")
+
+
 def _nearest_existing(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists()), None)
