@@ -216,20 +216,21 @@ def explain_shapes(shapes, *, dtype: str, causal: bool, kv_len: int | None,
     lines = []
     for b, h, n, d in shapes:
         hk, nk = kv_heads or h, kv_len if kv_len is not None else n
-        what = f"{b}x{h}x{n}x{d}" + (f" (keys {b}x{hk}x{nk}x{d})" if (hk, nk) != (h, n) else "")
+        head = (f"{b}x{h}x{n}x{d}" + (f" (keys {b}x{hk}x{nk}x{d})" if (hk, nk) != (h, n) else "")
+                + f" {dtype}{' causal' if causal else ''} on {device}")
         try:
             q = torch.empty((b, h, n, d), dtype=torch_dtype, device=device)
             k, v = (torch.empty((b, hk, nk, d), dtype=torch_dtype, device=device) for _ in range(2))
         except (RuntimeError, OverflowError, TypeError) as exc:   # out of memory, a size past int64
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            lines.append(f"{what} {dtype}{' causal' if causal else ''} on {device}: not asked: its "
-                         f"inputs cannot be allocated on {device} ({type(exc).__name__}: {first})")
+            lines.append(f"{head}: not asked: its inputs cannot be allocated on {device} "
+                         f"({type(exc).__name__}: {first})")
             continue
         try:
             said = explain(q, k, v, tensor_layout="HND", is_causal=causal)
         except (ValueError, TypeError) as exc:   # e.g. query heads not a multiple of key heads
             said = f"refused: {exc}"
-        lines.append(f"{what} {dtype}{' causal' if causal else ''} on {device}: {said}")
+        lines.append(f"{head}: {said}")
         del q, k, v
     return lines
 
@@ -263,9 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if args.json:
             parser.error("--explain prints sentences; it takes no --json")
-        for flag, value in (("--kv-len", args.kv_len), ("--kv-heads", args.kv_heads)):
-            if value is not None and value < (0 if flag == "--kv-len" else 1):
-                parser.error(f"{flag} must be {'>= 0' if flag == '--kv-len' else '>= 1'}, got {value}")
+        if args.kv_len is not None and args.kv_len < 0:
+            parser.error(f"--kv-len must be >= 0, got {args.kv_len}")
+        if args.kv_heads is not None and args.kv_heads < 1:
+            parser.error(f"--kv-heads must be >= 1, got {args.kv_heads}")
         try:
             import sageattention  # noqa: F401  (IncompatibleBuildError where the build does not fit)
         except Exception as exc:  # noqa: BLE001 - the plain command names the mismatch
